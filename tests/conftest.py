@@ -1,0 +1,26 @@
+"""Shared pytest setup: CPU by default, GPU-marked tests skipped where no GPU exists."""
+
+import os
+
+# Eight host devices let the sharding tests build real meshes on CPU. Must be set
+# before JAX initialises its backends, hence here and not in a fixture.
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
+
+
+def _has_gpu() -> bool:
+    try:
+        return bool(jax.devices("gpu"))
+    except RuntimeError:
+        return False
+
+
+def pytest_collection_modifyitems(config, items):
+    if _has_gpu():
+        return
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU; run on the GPU machine")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip_gpu)
