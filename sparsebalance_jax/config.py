@@ -1,0 +1,255 @@
+"""Typed, frozen configuration: where an ml_collections config enters the library.
+
+`from_config_dict` turns the `get_config()` ConfigDict of a file under `configs/` into a tree of
+frozen dataclasses and validates every cross-field constraint up front, so a bad run fails at
+start with a message naming the field instead of deep inside a jitted step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+ATTENTION_IMPLEMENTATIONS = ("reference", "cudnn", "moba")
+DTYPES = ("float32", "bfloat16")
+BATCHERS = ("random", "lbb", "sab")
+LENGTH_DISTRIBUTIONS = ("longalign", "chatqa2", "uniform", "fixed")
+ANCHORS = ("mean", "min", "max")
+
+
+class ConfigError(ValueError):
+    """A configuration value or combination is invalid; the message names the field."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    vocab_size: int
+    num_layers: int
+    d_model: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    mlp_dim: int
+    rope_theta: float
+    rms_eps: float
+    param_dtype: str
+    compute_dtype: str
+    remat: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionConfig:
+    implementation: str
+    block_size: int
+    budget: int
+    budget_buckets: tuple[int, ...]
+    layer_budget_scale: tuple[float, ...]
+    interpret: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    seed: int
+    seq_len: int
+    rows_per_micro_batch: int
+    micro_batches: int
+    text_weight: float
+    synthetic_weight: float
+    jsonl_weight: float
+    jsonl_paths: tuple[str, ...]
+    synthetic_tasks: tuple[str, ...]
+    length_distribution: str
+    length_scale: float
+    min_doc_len: int
+    max_doc_len: int
+    max_bad_lines: int
+    tokenizer: str
+    batcher: str
+    window: int
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshConfig:
+    data: int
+    fsdp: int
+    tensor: int
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return (self.data, self.fsdp, self.tensor)
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerConfig:
+    learning_rate: float
+    warmup_steps: int
+    min_lr_ratio: float
+    weight_decay: float
+    b1: float
+    b2: float
+    eps: float
+    grad_clip_norm: float
+
+
+@dataclasses.dataclass(frozen=True)
+class BalanceConfig:
+    dst: bool
+    anchor: str
+    p: float
+    coverage_floor: float
+    latency_model: str
+    latency_table: str
+    ema_decay: float
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    num_steps: int
+    seed: int
+    workdir: str
+    checkpoint_every: int
+    checkpoint_keep: int
+    log_every: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    preset: str
+    model: ModelConfig
+    attention: AttentionConfig
+    data: DataConfig
+    mesh: MeshConfig
+    optimizer: OptimizerConfig
+    balance: BalanceConfig
+    train: TrainConfig
+
+    @property
+    def num_data_shards(self) -> int:
+        """Data-parallel shards: the batch axis is split over `data` x `fsdp`."""
+        return self.mesh.data * self.mesh.fsdp
+
+    @property
+    def k_max(self) -> int:
+        """Static budget bound of the base configuration: the smallest bucket >= budget."""
+        return min(b for b in self.attention.budget_buckets if b >= self.attention.budget)
+
+
+def _section(cls, raw: Mapping[str, Any], name: str):
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(raw) - set(fields))
+    if unknown:
+        raise ConfigError(f"{name}: unknown field(s) {unknown}; known: {sorted(fields)}")
+    missing = sorted(set(fields) - set(raw))
+    if missing:
+        raise ConfigError(f"{name}: missing field(s) {missing}")
+    values = {}
+    for key, value in raw.items():
+        if isinstance(value, list):
+            value = tuple(value)
+        values[key] = value
+    return cls(**values)
+
+
+def _require(cond: bool, field: str, message: str) -> None:
+    if not cond:
+        raise ConfigError(f"{field}: {message}")
+
+
+def validate(cfg: Config, device_count: int | None = None) -> None:
+    """Check every field and combination; raise ConfigError naming the field."""
+    m, a, d, mesh = cfg.model, cfg.attention, cfg.data, cfg.mesh
+    _require(m.num_heads % m.num_kv_heads == 0, "model.num_heads",
+             f"{m.num_heads} is not a multiple of model.num_kv_heads={m.num_kv_heads}")
+    for field in ("param_dtype", "compute_dtype"):
+        _require(getattr(m, field) in DTYPES, f"model.{field}",
+                 f"{getattr(m, field)!r} not in {DTYPES}")
+    _require(a.implementation in ATTENTION_IMPLEMENTATIONS, "attention.implementation",
+             f"unknown implementation {a.implementation!r}; choose one of "
+             f"{ATTENTION_IMPLEMENTATIONS}")
+    _require(a.block_size > 0, "attention.block_size", "must be positive")
+    _require(d.seq_len % a.block_size == 0, "data.seq_len",
+             f"{d.seq_len} is not a multiple of attention.block_size={a.block_size}")
+    num_blocks = d.seq_len // a.block_size
+    _require(1 <= a.budget <= num_blocks, "attention.budget",
+             f"{a.budget} must be in [1, {num_blocks}] (the number of blocks, "
+             f"data.seq_len // attention.block_size)")
+    _require(len(a.budget_buckets) > 0 and list(a.budget_buckets) == sorted(set(a.budget_buckets)),
+             "attention.budget_buckets", f"{a.budget_buckets} must be strictly increasing")
+    _require(all(1 <= b <= num_blocks for b in a.budget_buckets), "attention.budget_buckets",
+             f"{a.budget_buckets} must lie in [1, {num_blocks}] (the number of blocks)")
+    _require(a.budget_buckets[-1] >= a.budget, "attention.budget_buckets",
+             f"largest bucket {a.budget_buckets[-1]} is below attention.budget={a.budget}")
+    _require(len(a.layer_budget_scale) in (0, m.num_layers), "attention.layer_budget_scale",
+             f"needs 0 or model.num_layers={m.num_layers} entries, got {len(a.layer_budget_scale)}")
+    _require(all(s > 0 for s in a.layer_budget_scale), "attention.layer_budget_scale",
+             "entries must be positive")
+    _require(d.batcher in BATCHERS, "data.batcher", f"{d.batcher!r} not in {BATCHERS}")
+    _require(d.length_distribution in LENGTH_DISTRIBUTIONS, "data.length_distribution",
+             f"{d.length_distribution!r} not in {LENGTH_DISTRIBUTIONS}")
+    _require(0 < d.min_doc_len <= d.max_doc_len <= d.seq_len, "data.max_doc_len",
+             f"need 0 < data.min_doc_len ({d.min_doc_len}) <= data.max_doc_len "
+             f"({d.max_doc_len}) <= data.seq_len ({d.seq_len})")
+    weights = (d.text_weight, d.synthetic_weight, d.jsonl_weight)
+    _require(all(w >= 0 for w in weights) and sum(weights) > 0, "data.text_weight",
+             "source weights (text/synthetic/jsonl) must be >= 0 and not all zero")
+    _require(d.jsonl_weight == 0 or len(d.jsonl_paths) > 0, "data.jsonl_paths",
+             "data.jsonl_weight > 0 needs at least one path")
+    _require(d.rows_per_micro_batch > 0 and d.micro_batches > 0, "data.rows_per_micro_batch",
+             "rows per micro-batch and micro-batches must be positive")
+    _require(d.window >= 1, "data.window", "must be >= 1")
+    for axis in ("data", "fsdp", "tensor"):
+        _require(getattr(mesh, axis) >= 1, f"mesh.{axis}", "must be >= 1 (resolve -1 first)")
+    if device_count is not None:
+        size = mesh.data * mesh.fsdp * mesh.tensor
+        _require(size == device_count, "mesh",
+                 f"data x fsdp x tensor = {mesh.data}x{mesh.fsdp}x{mesh.tensor} = {size} does "
+                 f"not match the {device_count} available devices")
+    _require(m.num_kv_heads % mesh.tensor == 0, "mesh.tensor",
+             f"{mesh.tensor} must divide model.num_kv_heads={m.num_kv_heads}")
+    _require(cfg.balance.anchor in ANCHORS, "balance.anchor",
+             f"{cfg.balance.anchor!r} not in {ANCHORS}")
+    _require(0.0 <= cfg.balance.p <= 1.0, "balance.p", f"{cfg.balance.p} must be in [0, 1]")
+    _require(0.0 <= cfg.balance.coverage_floor <= 1.0, "balance.coverage_floor",
+             "must be in [0, 1]")
+    _require(cfg.balance.latency_model in ("analytic", "profiled"), "balance.latency_model",
+             f"{cfg.balance.latency_model!r} not in ('analytic', 'profiled')")
+    t = cfg.train
+    _require(t.num_steps > 0, "train.num_steps", "must be positive")
+    _require(t.checkpoint_every > 0 and t.checkpoint_keep > 0, "train.checkpoint_every",
+             "checkpoint_every and checkpoint_keep must be positive")
+
+
+def resolve_mesh(mesh: MeshConfig, device_count: int) -> MeshConfig:
+    """Replace a single -1 axis by the devices left over by the others."""
+    sizes = dict(data=mesh.data, fsdp=mesh.fsdp, tensor=mesh.tensor)
+    free = [k for k, v in sizes.items() if v == -1]
+    if len(free) > 1:
+        raise ConfigError(f"mesh: at most one axis may be -1, got {free}")
+    if free:
+        fixed = 1
+        for k, v in sizes.items():
+            if v != -1:
+                fixed *= v
+        if fixed <= 0 or device_count % fixed:
+            raise ConfigError(f"mesh.{free[0]}: -1 cannot be resolved, {device_count} devices "
+                              f"are not a multiple of the other axes' product {fixed}")
+        sizes[free[0]] = device_count // fixed
+    return MeshConfig(**sizes)
+
+
+def from_config_dict(raw: Mapping[str, Any], device_count: int | None = None) -> Config:
+    """ml_collections ConfigDict (or nested dict) -> validated frozen Config."""
+    raw = raw.to_dict() if hasattr(raw, "to_dict") else dict(raw)
+    sections = dict(model=ModelConfig, attention=AttentionConfig, data=DataConfig,
+                    mesh=MeshConfig, optimizer=OptimizerConfig, balance=BalanceConfig,
+                    train=TrainConfig)
+    unknown = sorted(set(raw) - set(sections) - {"preset"})
+    if unknown:
+        raise ConfigError(f"unknown top-level field(s) {unknown}")
+    parts = {name: _section(cls, raw.get(name, {}), name) for name, cls in sections.items()}
+    if device_count is not None:
+        parts["mesh"] = resolve_mesh(parts["mesh"], device_count)
+    cfg = Config(preset=raw.get("preset", "custom"), **parts)
+    validate(cfg, device_count)
+    return cfg
+

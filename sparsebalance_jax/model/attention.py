@@ -1,0 +1,76 @@
+"""Attention implementations behind one call: dense reference, cuDNN, and MoBA (Pallas).
+
+All take q `[B, T, Hq, D]`, k/v `[B, T, Hkv, D]`, packed-document segment ids `[B, T]` (0 marks
+padding) and per-row MoBA budgets `[B]`. Dense implementations ignore the budget. Under a mesh
+the call runs inside `shard_map`: every device holds its batch rows (split over data x fsdp)
+and its heads (split over tensor), so each data shard runs its own budgets in one program.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+from sparsebalance_jax.config import AttentionConfig
+from sparsebalance_jax.sharding.mesh import BATCH_AXES
+
+
+def dense_reference(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT):
+    """Exact causal attention within documents, softmax in float32 (any backend)."""
+    b, t, hq, d = q_BTHD.shape
+    hkv = k_BTKD.shape[2]
+    q_BTKGD = q_BTHD.reshape(b, t, hkv, hq // hkv, d)
+    scores_BKGQS = jnp.einsum("bqkgd,bskd->bkgqs", q_BTKGD, k_BTKD,
+                              preferred_element_type=jnp.float32) / jnp.sqrt(d).astype(jnp.float32)
+    causal_QS = jnp.tril(jnp.ones((t, t), bool))
+    same_doc_BQS = segment_ids_BT[:, :, None] == segment_ids_BT[:, None, :]
+    valid_B11QS = (causal_QS[None] & same_doc_BQS & (segment_ids_BT[:, :, None] > 0))[:, None, None]
+    scores_BKGQS = jnp.where(valid_B11QS, scores_BKGQS, -jnp.inf)
+    # A padding query has no valid key; give it zeros instead of NaN.
+    probs_BKGQS = jax.nn.softmax(jnp.where(valid_B11QS.any(-1, keepdims=True), scores_BKGQS, 0.0))
+    probs_BKGQS = jnp.where(valid_B11QS, probs_BKGQS, 0.0)
+    out_BTKGD = jnp.einsum("bkgqs,bskd->bqkgd", probs_BKGQS.astype(v_BTKD.dtype), v_BTKD,
+                           preferred_element_type=jnp.float32)
+    return out_BTKGD.reshape(b, t, hq, d).astype(q_BTHD.dtype)
+
+
+def _cudnn(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT):
+    # jax.nn.dot_product_attention takes no segment ids: documents are kept apart by an explicit
+    # [B, 1, T, T] mask, which costs O(T^2) memory. Padding rows attend to themselves only.
+    same_doc_BQS = segment_ids_BT[:, :, None] == segment_ids_BT[:, None, :]
+    return jax.nn.dot_product_attention(q_BTHD, k_BTKD, v_BTKD, mask=same_doc_BQS[:, None],
+                                        is_causal=True, implementation="cudnn")
+
+
+def _moba(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, budget_B, *, cfg: AttentionConfig, k_max: int):
+    from pallas_kernels.moba import moba_attention  # The kernel package is only needed here.
+
+    return moba_attention(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, budget_B,
+                          block_size=cfg.block_size, k_max=k_max, interpret=cfg.interpret)
+
+
+def _local_attention(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, budget_B, *, cfg, k_max):
+    if cfg.implementation == "reference":
+        return dense_reference(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT)
+    if cfg.implementation == "cudnn":
+        return _cudnn(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT)
+    if cfg.implementation == "moba":
+        return _moba(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, budget_B, cfg=cfg, k_max=k_max)
+    raise ValueError(f"attention.implementation: unknown {cfg.implementation!r}")
+
+
+def attention_op(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, budget_B, *,
+                 cfg: AttentionConfig, k_max: int):
+    """Dispatch on `cfg.implementation`; under a context mesh, per device via shard_map."""
+    local = functools.partial(_local_attention, cfg=cfg, k_max=k_max)
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return local(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, budget_B)
+    heads = P(BATCH_AXES, None, "tensor", None)
+    rows = P(BATCH_AXES, None)
+    return jax.shard_map(local, mesh=mesh, in_specs=(heads, heads, heads, rows, P(BATCH_AXES)),
+                         out_specs=heads, check_vma=False)(
+        q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, budget_B)

@@ -1,0 +1,153 @@
+"""The decoder: embedding, a scanned stack of pre-norm layers, final norm, LM head.
+
+Parameters are created in `model.param_dtype` (float32 master weights by default) and cast to
+`model.compute_dtype` (bfloat16) for the matmuls; norms, softmax statistics and logits stay in
+float32. Every parameter and the main activations carry logical axis names (see
+`sparsebalance_jax.sharding.mesh.LOGICAL_RULES`).
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from sparsebalance_jax.config import AttentionConfig, ModelConfig
+from sparsebalance_jax.model.attention import attention_op
+
+_INIT_STD = 0.02
+
+
+def _init(axes):
+    return nn.with_logical_partitioning(nn.initializers.normal(_INIT_STD), axes)
+
+
+def _dtype(name: str):
+    return jnp.dtype(name)
+
+
+class RMSNorm(nn.Module):
+    eps: float
+    param_dtype: str
+    compute_dtype: str
+
+    @nn.compact
+    def __call__(self, x_BTE):
+        scale_E = self.param("scale", nn.with_logical_partitioning(nn.initializers.ones, ("norm",)),
+                             (x_BTE.shape[-1],), _dtype(self.param_dtype))
+        x32 = x_BTE.astype(jnp.float32)
+        y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        return (y * scale_E.astype(jnp.float32)).astype(_dtype(self.compute_dtype))
+
+
+def apply_rope(x_BTHD, positions_BT, theta: float):
+    """Rotary embedding, rotate-half convention, angles computed in float32."""
+    d = x_BTHD.shape[-1]
+    inv_freq = theta ** (-jnp.arange(0, d, 2, dtype=jnp.float32) / d)
+    angles_BTF = positions_BT.astype(jnp.float32)[..., None] * inv_freq
+    cos, sin = jnp.cos(angles_BTF)[:, :, None], jnp.sin(angles_BTF)[:, :, None]
+    x1, x2 = jnp.split(x_BTHD.astype(jnp.float32), 2, axis=-1)
+    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    return out.astype(x_BTHD.dtype)
+
+
+class Attention(nn.Module):
+    model: ModelConfig
+    attention: AttentionConfig
+    k_max: int
+
+    @nn.compact
+    def __call__(self, x_BTE, segment_ids_BT, positions_BT, budget_B):
+        m = self.model
+        dense = dict(dtype=_dtype(m.compute_dtype), param_dtype=_dtype(m.param_dtype))
+        # Qwen2-style projections: biases on q, k, v, none on the output.
+        q_BTHD = nn.DenseGeneral((m.num_heads, m.head_dim), kernel_init=_init(
+            ("embed", "heads", "head_dim")), bias_init=nn.with_logical_partitioning(
+            nn.initializers.zeros, ("heads", "head_dim")), name="q", **dense)(x_BTE)
+        kv = dict(kernel_init=_init(("embed", "kv_heads", "head_dim")), bias_init=(
+            nn.with_logical_partitioning(nn.initializers.zeros, ("kv_heads", "head_dim"))), **dense)
+        k_BTKD = nn.DenseGeneral((m.num_kv_heads, m.head_dim), name="k", **kv)(x_BTE)
+        v_BTKD = nn.DenseGeneral((m.num_kv_heads, m.head_dim), name="v", **kv)(x_BTE)
+        q_BTHD = apply_rope(q_BTHD, positions_BT, m.rope_theta)
+        k_BTKD = apply_rope(k_BTKD, positions_BT, m.rope_theta)
+        q_BTHD = nn.with_logical_constraint(q_BTHD, ("act_batch", "act_seq", "act_heads", None))
+        k_BTKD = nn.with_logical_constraint(k_BTKD, ("act_batch", "act_seq", "act_kv_heads", None))
+        v_BTKD = nn.with_logical_constraint(v_BTKD, ("act_batch", "act_seq", "act_kv_heads", None))
+        out_BTHD = attention_op(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, budget_B,
+                                cfg=self.attention, k_max=self.k_max)
+        return nn.DenseGeneral(m.d_model, axis=(-2, -1), use_bias=False, kernel_init=_init(
+            ("heads", "head_dim", "embed")), name="o", **dense)(out_BTHD)
+
+
+class SwiGLU(nn.Module):
+    model: ModelConfig
+
+    @nn.compact
+    def __call__(self, x_BTE):
+        m = self.model
+        dense = dict(use_bias=False, dtype=_dtype(m.compute_dtype), param_dtype=_dtype(m.param_dtype))
+        gate_BTF = nn.Dense(m.mlp_dim, kernel_init=_init(("embed", "mlp")), name="gate", **dense)(x_BTE)
+        up_BTF = nn.Dense(m.mlp_dim, kernel_init=_init(("embed", "mlp")), name="up", **dense)(x_BTE)
+        h_BTF = nn.with_logical_constraint(nn.silu(gate_BTF) * up_BTF,
+                                           ("act_batch", "act_seq", "act_mlp"))
+        return nn.Dense(m.d_model, kernel_init=_init(("mlp", "embed")), name="down", **dense)(h_BTF)
+
+
+class DecoderLayer(nn.Module):
+    model: ModelConfig
+    attention: AttentionConfig
+    k_max: int
+
+    @nn.compact
+    def __call__(self, x_BTE, segment_ids_BT, positions_BT, budget_B, budget_scale):
+        m = self.model
+        norm = dict(eps=m.rms_eps, param_dtype=m.param_dtype, compute_dtype=m.compute_dtype)
+        # Per-layer budget: the row's budget times this layer's scale, kept within [1, k_max].
+        layer_budget_B = jnp.clip(jnp.round(budget_B * budget_scale), 1, self.k_max).astype(jnp.int32)
+        h_BTE = RMSNorm(name="attn_norm", **norm)(x_BTE)
+        x_BTE = x_BTE + Attention(m, self.attention, self.k_max, name="attn")(
+            h_BTE, segment_ids_BT, positions_BT, layer_budget_B)
+        h_BTE = RMSNorm(name="mlp_norm", **norm)(x_BTE)
+        x_BTE = x_BTE + SwiGLU(m, name="mlp")(h_BTE)
+        x_BTE = nn.with_logical_constraint(x_BTE, ("act_batch", "act_seq", "act_embed"))
+        return x_BTE, None
+
+
+class Transformer(nn.Module):
+    """Decoder LM over packed rows. `k_max` is the static budget bound (the compiled bucket)."""
+
+    model: ModelConfig
+    attention: AttentionConfig
+    k_max: int
+
+    @nn.compact
+    def __call__(self, inputs_BT, segment_ids_BT, positions_BT, budget_B):
+        m = self.model
+        embed = nn.Embed(m.vocab_size, m.d_model, embedding_init=_init(("vocab", "embed")),
+                         param_dtype=_dtype(m.param_dtype), dtype=_dtype(m.compute_dtype),
+                         name="embed")
+        x_BTE = embed(inputs_BT)
+        x_BTE = nn.with_logical_constraint(x_BTE, ("act_batch", "act_seq", "act_embed"))
+        scales_L = (jnp.asarray(self.attention.layer_budget_scale, jnp.float32)
+                    if self.attention.layer_budget_scale else jnp.ones((m.num_layers,), jnp.float32))
+        layer = DecoderLayer
+        if m.remat:
+            layer = nn.remat(layer, prevent_cse=False)
+        stack = nn.scan(layer, variable_axes={"params": 0}, split_rngs={"params": True},
+                        in_axes=(nn.broadcast, nn.broadcast, nn.broadcast, 0),
+                        length=m.num_layers, metadata_params={nn.PARTITION_NAME: "layers"})
+        x_BTE, _ = stack(m, self.attention, self.k_max, name="layers")(
+            x_BTE, segment_ids_BT, positions_BT, budget_B, scales_L)
+        x_BTE = RMSNorm(m.rms_eps, m.param_dtype, m.compute_dtype, name="final_norm")(x_BTE)
+        logits_BTV = nn.Dense(m.vocab_size, use_bias=False, kernel_init=_init(("embed", "vocab")),
+                              dtype=jnp.float32, param_dtype=_dtype(m.param_dtype),
+                              name="lm_head")(x_BTE)
+        return nn.with_logical_constraint(logits_BTV, ("act_batch", "act_seq", "act_vocab"))
+
+
+def token_losses(logits_BTV, targets_BT, loss_mask_BT):
+    """Masked next-token cross entropy: (sum of losses, number of trained tokens)."""
+    logz_BT = jax.nn.logsumexp(logits_BTV, axis=-1)
+    gold_BT = jnp.take_along_axis(logits_BTV, targets_BT[..., None], axis=-1)[..., 0]
+    mask_BT = loss_mask_BT.astype(jnp.float32)
+    return jnp.sum((logz_BT - gold_BT) * mask_BT), jnp.sum(mask_BT)
