@@ -1,0 +1,111 @@
+"""The training loop: data -> (tuned) budgets -> jitted step -> metrics and checkpoints."""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+
+import jax
+import numpy as np
+from tqdm import tqdm
+
+from sparsebalance_jax.config import Config
+from sparsebalance_jax.model import Transformer
+from sparsebalance_jax.sharding import make_mesh
+from sparsebalance_jax.training import checkpoint
+from sparsebalance_jax.training.metrics import MetricsLogger
+from sparsebalance_jax.training.state import create_train_state, learning_rate_schedule
+from sparsebalance_jax.training.step import compile_train_step, to_step_layout
+
+
+class TrainingDivergedError(FloatingPointError):
+    """The loss became NaN or infinite; the last good checkpoint is kept."""
+
+
+def describe(cfg: Config) -> str:
+    m, a, d = cfg.model, cfg.attention, cfg.data
+    lines = [f"preset: {cfg.preset} on {jax.default_backend()} ({jax.device_count()} devices)"]
+    if cfg.preset == "cpu":
+        lines.append("no GPU found: running the small CPU preset (same architecture scaled down, "
+                     "real Wikipedia text + synthetic retrieval tasks); the GPU preset trains the "
+                     "0.5B-shaped model at 32K context")
+    lines += [
+        f"model: {m.num_layers} layers, d_model {m.d_model}, heads {m.num_heads}/{m.num_kv_heads}"
+        f" x {m.head_dim}, mlp {m.mlp_dim}",
+        f"attention: {a.implementation}, block {a.block_size}, base budget {a.budget}, "
+        f"buckets {a.budget_buckets}",
+        f"data: rows of {d.seq_len} tokens, {d.rows_per_micro_batch} rows x {d.micro_batches} "
+        f"micro-batches x {cfg.num_data_shards} shards per step, batcher {d.batcher}, "
+        f"lengths {d.length_distribution}",
+        f"mesh: data {cfg.mesh.data} x fsdp {cfg.mesh.fsdp} x tensor {cfg.mesh.tensor}; "
+        f"DST {'on' if cfg.balance.dst else 'off'}",
+        f"workdir: {os.path.abspath(cfg.train.workdir)} (checkpoints/, tensorboard/, metrics.jsonl)",
+    ]
+    return "\n".join(lines)
+
+
+def train(cfg: Config, data_iterator, balancer, *, show_progress: bool = True) -> dict:
+    """Runs (or resumes) training to `cfg.train.num_steps`; returns the final metrics.
+
+    `data_iterator` yields step batches in the pipeline layout ([S, M, R, T]);
+    `balancer` turns each into per-row budgets and the static bucket (see
+    `sparsebalance_jax.balance`), and records what it measured.
+    """
+    mesh = make_mesh(cfg.mesh)
+    models: dict[int, Transformer] = {}
+    steps: dict[int, callable] = {}
+
+    def step_fn(bucket: int):
+        if bucket not in steps:
+            models[bucket] = Transformer(cfg.model, cfg.attention, bucket)
+            steps[bucket] = compile_train_step(models[bucket], mesh, shardings)
+        return steps[bucket]
+
+    model = Transformer(cfg.model, cfg.attention, cfg.k_max)
+    state, shardings = create_train_state(cfg, mesh, model, jax.random.key(cfg.train.seed))
+    manager = checkpoint.make_manager(cfg.train.workdir, every=cfg.train.checkpoint_every,
+                                      keep=cfg.train.checkpoint_keep)
+    start = 0
+    restored = checkpoint.restore_latest(manager, state, data_iterator)
+    if restored is not None:
+        start, state, tuner_state = restored
+        balancer.set_state(tuner_state)
+        print(f"resumed from step {start}")
+    logger = MetricsLogger(cfg.train.workdir)
+    schedule = learning_rate_schedule(cfg.optimizer, cfg.train.num_steps)
+    row_tokens = cfg.num_data_shards * cfg.data.micro_batches * cfg.data.rows_per_micro_batch * \
+        cfg.data.seq_len
+    bar = tqdm(total=cfg.train.num_steps, initial=start, disable=not show_progress,
+               dynamic_ncols=True)
+    last = {}
+    try:
+        for step in range(start, cfg.train.num_steps):
+            step_batch = next(data_iterator)
+            decision = balancer.decide(step_batch)
+            step_batch = dict(step_batch, budgets=decision.budgets)
+            batch = to_step_layout(step_batch)
+            t0 = time.perf_counter()
+            state, metrics = step_fn(decision.bucket)(state, batch)
+            loss = float(metrics["loss"])  # Blocks: the step's time is measured to here.
+            seconds = time.perf_counter() - t0
+            if not math.isfinite(loss):
+                raise TrainingDivergedError(
+                    f"loss is {loss} at step {step + 1}; stopping. The last good checkpoint "
+                    f"(step {manager.latest_step()}) is kept in {cfg.train.workdir}")
+            balancer.observe(decision, seconds)
+            last = dict(loss=loss, grad_norm=float(metrics["grad_norm"]),
+                        learning_rate=float(schedule(step)), step_time_s=seconds,
+                        tokens_per_s=row_tokens / seconds, trained_tokens=float(metrics["tokens"]),
+                        compiles=len(steps), **decision.scalars())
+            logger.write(step + 1, last, tensorboard=(step + 1) % cfg.train.log_every == 0)
+            bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{last['tokens_per_s']:.0f}")
+            bar.update(1)
+            checkpoint.save(manager, step + 1, state, data_iterator, balancer.get_state(),
+                            force=step + 1 == cfg.train.num_steps)
+    finally:
+        bar.close()
+        manager.wait_until_finished()
+        manager.close()
+        logger.close()
+    return last

@@ -1,0 +1,62 @@
+"""Train state created already sharded: abstract shapes, then shardings, then a jitted init."""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+from flax.training import train_state
+from jax.sharding import Mesh
+
+from sparsebalance_jax.config import Config, OptimizerConfig
+from sparsebalance_jax.model import Transformer
+from sparsebalance_jax.sharding import LOGICAL_RULES
+
+
+class TrainState(train_state.TrainState):
+    pass
+
+
+def learning_rate_schedule(opt: OptimizerConfig, num_steps: int) -> optax.Schedule:
+    """Linear warm-up to the peak, then cosine decay to `min_lr_ratio` x peak."""
+    return optax.warmup_cosine_decay_schedule(
+        init_value=0.0, peak_value=opt.learning_rate, warmup_steps=opt.warmup_steps,
+        decay_steps=max(num_steps, opt.warmup_steps + 1),
+        end_value=opt.learning_rate * opt.min_lr_ratio)
+
+
+def make_optimizer(opt: OptimizerConfig, num_steps: int) -> optax.GradientTransformation:
+    def decay_mask(params):
+        # No weight decay on norm scales and biases (vectors per layer).
+        return jax.tree_util.tree_map_with_path(
+            lambda path, _: not any(getattr(k, "key", None) in ("scale", "bias") for k in path),
+            params)
+
+    return optax.chain(
+        optax.clip_by_global_norm(opt.grad_clip_norm),
+        optax.adamw(learning_rate_schedule(opt, num_steps), b1=opt.b1, b2=opt.b2, eps=opt.eps,
+                    weight_decay=opt.weight_decay, mask=decay_mask))
+
+
+def dummy_inputs(batch: int, seq_len: int):
+    tokens_BT = jnp.zeros((batch, seq_len), jnp.int32)
+    positions_BT = jnp.broadcast_to(jnp.arange(seq_len, dtype=jnp.int32), (batch, seq_len))
+    return tokens_BT, jnp.ones((batch, seq_len), jnp.int32), positions_BT, jnp.ones((batch,), jnp.int32)
+
+
+def create_train_state(cfg: Config, mesh: Mesh, model: Transformer, rng: jax.Array):
+    """Returns (state, state_shardings): parameters and optimizer state born sharded."""
+    tx = make_optimizer(cfg.optimizer, cfg.train.num_steps)
+    # Shapes only; one row per data shard keeps the traced init cheap.
+    inputs = dummy_inputs(cfg.num_data_shards, cfg.attention.block_size)
+
+    def init(rng):
+        variables = model.init(rng, *inputs)
+        return TrainState.create(apply_fn=model.apply, params=variables["params"], tx=tx)
+
+    with jax.set_mesh(mesh), nn.logical_axis_rules(LOGICAL_RULES):
+        abstract = jax.eval_shape(init, rng)
+        shardings = nn.logical_to_mesh_sharding(nn.get_partition_spec(abstract), mesh, LOGICAL_RULES)
+        state = jax.jit(lambda r: nn.meta.unbox(init(r)), out_shardings=shardings)(rng)
+    return state, shardings

@@ -1,0 +1,50 @@
+"""Invalid configurations fail at start with a message naming the field."""
+
+import pytest
+
+from configs.longbench import get_config
+from sparsebalance_jax.config import ConfigError, from_config_dict
+
+
+def _raw(**changes):
+    raw = get_config("cpu")
+    for dotted, value in changes.items():
+        section, field = dotted.split("__")
+        raw[section][field] = value
+    return raw
+
+
+def test_presets_are_valid():
+    assert from_config_dict(get_config("cpu"), device_count=2).mesh.data == 2
+    gpu = from_config_dict(get_config("gpu"), device_count=1)
+    assert (gpu.model.num_layers, gpu.model.d_model, gpu.model.num_heads, gpu.model.num_kv_heads,
+            gpu.model.head_dim, gpu.model.mlp_dim, gpu.data.seq_len) == (24, 896, 14, 2, 64, 4864,
+                                                                         32768)
+    assert gpu.mesh.data == 1  # -1 resolved to the one device
+
+
+@pytest.mark.parametrize("changes, field", [
+    (dict(data__seq_len=1000), "data.seq_len"),
+    (dict(attention__budget=17), "attention.budget"),
+    (dict(attention__implementation="flash"), "attention.implementation"),
+    (dict(attention__budget_buckets=(8, 4)), "attention.budget_buckets"),
+    (dict(model__num_heads=5), "model.num_heads"),
+    (dict(data__batcher="fifo"), "data.batcher"),
+    (dict(balance__anchor="median"), "balance.anchor"),
+])
+def test_invalid_field_is_named(changes, field):
+    with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+        from_config_dict(_raw(**changes))
+
+
+def test_mesh_must_match_devices():
+    with pytest.raises(ConfigError, match=r"mesh: data x fsdp x tensor = 2x1x1 = 2 does not match "
+                                          r"the 8 available devices"):
+        from_config_dict(get_config("cpu"), device_count=8)
+
+
+def test_unknown_field_is_named():
+    raw = get_config("cpu")
+    raw.model.num_experts = 4
+    with pytest.raises(ConfigError, match=r"model: unknown field\(s\) \['num_experts'\]"):
+        from_config_dict(raw)
