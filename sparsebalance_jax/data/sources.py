@@ -103,10 +103,15 @@ def text_document(corpus: TextCorpus, tokenizer: Tokenizer, rng: np.random.Gener
 
 def synthetic_document(corpus: TextCorpus, tokenizer: Tokenizer, rng: np.random.Generator,
                        length: int, tasks: Sequence[str]) -> Document:
-    """A synthetic task of about `length` tokens (the generator decides the exact size)."""
+    """A synthetic task of about `length` tokens (at most `length` for ASCII haystack text;
+    longer when the task's minimum size is larger: the pipeline's crop then applies)."""
     synthetic = importlib.import_module("sparsebalance_jax.data.synthetic")
     task = tasks[int(rng.integers(len(tasks)))]
-    # Byte tokenizer: one char ~ one token; the 4 structural ids and the answer come on top.
-    example = synthetic.generate(task, rng, corpus.articles, max(length - 16, 16))
+    # n = 3 structural ids (BOS, USER, ASSISTANT; EOS is only a target) + the UTF-8 bytes of
+    # prompt + answer, which `generate` keeps just under target_chars characters; 2% headroom
+    # for multi-byte characters. Tasks have a minimum size, which may exceed short draws; it is
+    # measured at one seed and varies by draw (word lengths), hence the 25% headroom.
+    target_chars = max(int((length - 3) * 0.98), int(synthetic.min_target_chars(task) * 1.25))
+    example = synthetic.generate(task, rng, corpus.articles, target_chars)
     turns = [("user", example.prompt), ("assistant", example.answer)]
     return documents.make_document(*documents.chat_tokens(turns, tokenizer))

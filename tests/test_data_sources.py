@@ -1,0 +1,142 @@
+"""Tokenizer, length distributions, document records, text source and the jsonl loader."""
+
+import json
+
+import numpy as np
+import pytest
+
+from sparsebalance_jax.data import documents, sources
+from sparsebalance_jax.data.jsonl import JsonlIndex, MalformedDataError, parse_record
+from sparsebalance_jax.data.lengths import sample_lengths
+from sparsebalance_jax.data.tokenizer import (ASSISTANT_ID, BOS_ID, EOS_ID, USER_ID,
+                                              make_tokenizer)
+
+TOK = make_tokenizer("bytes")
+
+
+def test_byte_tokenizer_round_trip_and_ids():
+    text = "Straße — 東京 ok"
+    ids = TOK.encode(text)
+    assert ids.dtype == np.int32 and ids.max() < 256 and len(ids) == len(text.encode())
+    assert TOK.decode(np.concatenate([[BOS_ID], ids, [EOS_ID]])) == text
+    s = TOK.special
+    assert len({s.pad, s.bos, s.eos, s.user, s.assistant, s.system}) == 6
+    assert min(s.pad, s.bos, s.eos, s.user, s.assistant, s.system) >= 256
+    assert TOK.vocab_size == 262 and TOK.padded_vocab_size() == 384
+
+
+def test_unknown_tokenizer_kind_raises():
+    with pytest.raises(ValueError, match="'sentencepiece' is not supported"):
+        make_tokenizer("sentencepiece")
+
+
+def test_length_distributions_have_documented_shape():
+    rng = np.random.default_rng(np.random.SeedSequence().entropy)
+    big = 10**9
+    la = sample_lengths("longalign", rng, 20000, 1.0, 1, big)
+    assert la.min() >= 8192 and la.max() <= 73728
+    p10, p50, p90 = np.percentile(la, [10, 50, 90])
+    assert 9000 < p10 < 11000 and 15000 < p50 < 18500 and 28000 < p90 < 36000
+    assert la.mean() > p50  # long right tail
+    cq = sample_lengths("chatqa2", rng, 20000, 1.0, 1, big)
+    assert np.all((cq <= 4096) | (cq >= 16384)), "bimodal: nothing between 4K and 16K"
+    assert 0.66 < np.mean(cq <= 4096) < 0.74
+    cpu = sample_lengths("longalign", rng, 5000, 1 / 32, 1, big)
+    assert cpu.min() >= 256 and cpu.max() <= 2304
+    clipped = sample_lengths("chatqa2", rng, 5000, 1 / 32, 64, 1024)
+    assert clipped.min() == 64 and clipped.max() == 1024
+    uni = sample_lengths("uniform", rng, 5000, 1.0, 10, 20)
+    assert set(np.unique(uni)) == set(range(10, 21))
+    assert np.all(sample_lengths("fixed", rng, 7, 1.0, 1, 99) == 99)
+    with pytest.raises(ValueError, match="'pareto' unknown"):
+        sample_lengths("pareto", rng, 3)
+
+
+def test_lengths_deterministic_given_seed():
+    a = sample_lengths("chatqa2", np.random.default_rng(5), 100)
+    b = sample_lengths("chatqa2", np.random.default_rng(5), 100)
+    c = sample_lengths("chatqa2", np.random.default_rng(6), 100)
+    assert np.array_equal(a, b) and not np.array_equal(a, c)
+
+
+def test_chat_tokens_train_on_assistant_turns_only():
+    turns = [("system", "S"), ("user", "hello"), ("assistant", "hi!"), ("user", "q"),
+             ("assistant", "ans")]
+    doc = documents.make_document(*documents.chat_tokens(turns, TOK))
+    assert documents.validate_document(doc) == len(doc["inputs"])
+    assert np.array_equal(doc["targets"][:-1], doc["inputs"][1:])
+    trained = doc["targets"][doc["loss_mask"] > 0]
+    # Assistant contents, each followed by the id that closes the turn (next USER or EOS).
+    expected = np.concatenate([TOK.encode("hi!"), [USER_ID], TOK.encode("ans"), [EOS_ID]])
+    assert np.array_equal(trained, expected)
+    assert doc["inputs"][0] == BOS_ID and ASSISTANT_ID in doc["inputs"]
+
+
+def test_crop_keeps_tail_and_counts():
+    doc = documents.make_document(np.arange(101), np.ones(101, bool))
+    counter = documents.CropCounter()
+    assert documents.crop_document(doc, 200, counter) is doc and counter.count == 0
+    cropped = documents.crop_document(doc, 40, counter)
+    assert np.array_equal(cropped["targets"], np.arange(61, 101))
+    assert counter.count == 1 and counter.tokens_removed == 60
+
+
+def test_text_documents_have_the_drawn_length_and_real_text():
+    corpus = sources.load_corpus()
+    assert corpus.num_articles > 9000
+    rng = np.random.default_rng(np.random.SeedSequence().entropy)
+    for n in rng.integers(2, 3000, size=5):
+        doc = sources.text_document(corpus, TOK, rng, int(n))
+        assert documents.validate_document(doc) == n
+        assert doc["inputs"][0] == BOS_ID and doc["targets"][-1] == EOS_ID
+        assert np.all(doc["loss_mask"] == 1)
+    words = TOK.decode(sources.text_document(corpus, TOK, rng, 2000)["inputs"]).split()
+    assert sum(w.lower() in ("the", "of", "and") for w in words) > 20  # English prose
+
+
+def _write_jsonl(path, lines):
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+GOOD = [
+    json.dumps({"messages": [{"role": "user", "content": "long doc. Q?"},
+                             {"role": "assistant", "content": "A1"}]}),
+    json.dumps({"messages": [{"role": "user", "content": "Q?"}], "document": "DOC",
+                "answers": ["A2", "alt"]}),
+    json.dumps({"question": "User: Q?\n\nAssistant:", "answer": ["A3"],
+                "sub-paragraphs": "CTX"}),
+    json.dumps({"input": "Q?", "output": "A4", "context": "C"}),
+]
+
+
+def test_jsonl_layouts_parse_with_loss_on_answers(tmp_path):
+    path = _write_jsonl(tmp_path / "good.jsonl", GOOD + [""])  # A blank line is no record.
+    index = JsonlIndex([path])
+    assert len(index) == 4 and index.bad_lines == []
+    assert index[1] == [("user", "DOC\n\nQ?"), ("assistant", "A2")]
+    assert index[2] == [("user", "CTX\n\nUser: Q?\n\nAssistant:"), ("assistant", "A3")]
+    for i, answer in enumerate(["A1", "A2", "A3", "A4"]):
+        doc = documents.make_document(*documents.chat_tokens(index[i], TOK))
+        assert TOK.decode(doc["targets"][doc["loss_mask"] > 0]) == answer
+
+
+def test_malformed_jsonl_lines_reported_with_line_numbers_and_limit(tmp_path, caplog):
+    lines = [GOOD[0], "{not json", GOOD[1],
+             json.dumps({"messages": [{"role": "user", "content": "no answer"}]}),
+             json.dumps({"messages": [{"role": "robot", "content": "x"}]}), GOOD[3]]
+    path = _write_jsonl(tmp_path / "mixed.jsonl", lines)
+    index = JsonlIndex([path], max_bad_lines=3)
+    assert len(index) == 3
+    assert [(p, n) for p, n, _ in index.bad_lines] == [(path, 2), (path, 4), (path, 5)]
+    assert "invalid JSON" in index.bad_lines[0][2]
+    assert "no non-empty assistant turn" in index.bad_lines[1][2]
+    assert f"{path}:4: malformed record skipped" in caplog.text
+    with pytest.raises(MalformedDataError, match=rf"{path}:5: .*3 malformed lines, more than "
+                                                 r"max_bad_lines=2"):
+        JsonlIndex([path], max_bad_lines=2)
+
+
+def test_parse_record_rejects_unknown_layout():
+    with pytest.raises(ValueError, match="unrecognised layout"):
+        parse_record({"text": "x"})
