@@ -1,0 +1,330 @@
+"""Latency models: predicted forward+backward time of a packed micro-batch at a MoBA budget.
+
+Owns the one interface the batchers and the tuner use to price work before running it, its two
+implementations, and the online per-shard correction.
+
+How documents combine (both implementations). A packed micro-batch of R rows x T tokens holding
+documents of lengths n_1..n_D costs
+
+    predict = sum_d doc_seconds(n_d, k) + pad_seconds_per_token * (R*T - sum_d n_d)
+
+`doc_seconds(n, k)` is the time of one document alone in a row of exactly n tokens (its dense
+layers plus its own MoBA attention: documents never attend across a boundary, so attention is
+per document and adds up); the dense layers also run over padding, priced per padding token.
+The padding term is the same for every layout with the same document tokens, so it changes
+imbalance ratios (every shard pays it) but not which assignment is best.
+
+- `AnalyticLatencyModel`: FLOP counts from the layer shape at assumed throughputs. Attention
+  work of a document with nb = ceil(n / block) blocks is, per query block i, min(k, i + 1)
+  key blocks (top-(k-1) earlier blocks plus its own), plus gate scoring of the i earlier blocks.
+- `ProfiledLatencyModel`: a table of measured doc_seconds(n, k) on one device and layer shape
+  (made by `python -m experiments.profile_latency`), bilinear interpolation in (length, budget).
+- `EmaCorrection`: per shard, an EMA of measured / predicted ratios that scales predictions
+  (FLOP counts and even tables drift from the real step: launch overheads, the collective,
+  thermal state), with a checkpointable state dict.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import json
+import os
+from typing import Any, Mapping
+
+import numpy as np
+
+PROFILE_COMMAND = "python -m experiments.profile_latency --config=configs/longbench.py"
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerShape:
+    """The shape of one decoder layer: what a latency table is keyed by (with the device)."""
+
+    d_model: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    mlp_dim: int
+    block_size: int
+
+    def __post_init__(self):
+        for field in dataclasses.fields(self):
+            if getattr(self, field.name) <= 0:
+                raise ValueError(f"LayerShape.{field.name} must be positive")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"LayerShape.num_heads={self.num_heads} is not a multiple of "
+                             f"num_kv_heads={self.num_kv_heads}")
+
+    @classmethod
+    def from_model_config(cls, model_cfg: Any, block_size: int) -> LayerShape:
+        """From any object with the model config's field names (`sparsebalance_jax.config`)."""
+        return cls(d_model=model_cfg.d_model, num_heads=model_cfg.num_heads,
+                   num_kv_heads=model_cfg.num_kv_heads, head_dim=model_cfg.head_dim,
+                   mlp_dim=model_cfg.mlp_dim, block_size=block_size)
+
+    def key(self) -> str:
+        return (f"d{self.d_model}_h{self.num_heads}_kv{self.num_kv_heads}_hd{self.head_dim}"
+                f"_mlp{self.mlp_dim}_blk{self.block_size}")
+
+
+def num_blocks(lengths_N: np.ndarray, block_size: int) -> np.ndarray:
+    return -(-np.asarray(lengths_N, dtype=np.int64) // block_size)
+
+
+def attended_blocks(lengths_N: np.ndarray, budget_N: np.ndarray | int,
+                    block_size: int) -> np.ndarray:
+    """sum over query blocks i of min(k, i + 1): (query block, key block) pairs attended."""
+    nb_N = num_blocks(lengths_N, block_size)
+    k_N = np.minimum(np.asarray(budget_N, dtype=np.int64), nb_N)
+    # Blocks 0..k-1 see i+1 <= k blocks (a triangle); every later block sees exactly k.
+    return k_N * (k_N + 1) // 2 + (nb_N - k_N) * k_N
+
+
+def gated_blocks(lengths_N: np.ndarray, block_size: int) -> np.ndarray:
+    """sum over query blocks i of i: (query block, earlier key block) gate scores computed."""
+    nb_N = num_blocks(lengths_N, block_size)
+    return nb_N * (nb_N - 1) // 2
+
+
+class LatencyModel(abc.ABC):
+    """Predicted forward+backward seconds of one layer; see the module docstring."""
+
+    block_size: int
+    pad_seconds_per_token: float
+
+    @abc.abstractmethod
+    def doc_seconds(self, lengths_N: np.ndarray, budget: np.ndarray | int) -> np.ndarray:
+        """Seconds of each document alone at its budget (scalar or [N]) -> float64 [N]."""
+
+    def predict(self, doc_lengths: np.ndarray, budget: int, *,
+                padded_tokens: int | None = None) -> float:
+        """Seconds of one packed micro-batch; `padded_tokens` = R*T adds the padding term."""
+        lengths_N = np.asarray(doc_lengths, dtype=np.int64)
+        lengths_N = lengths_N[lengths_N > 0]
+        seconds = float(self.doc_seconds(lengths_N, budget).sum())
+        if padded_tokens is not None:
+            pad = padded_tokens - int(lengths_N.sum())
+            if pad < 0:
+                raise ValueError(f"documents hold {lengths_N.sum()} tokens, more than "
+                                 f"padded_tokens={padded_tokens}")
+            seconds += pad * self.pad_seconds_per_token
+        return seconds
+
+    def predict_batch(self, doc_lengths_BD: np.ndarray, budget_B: np.ndarray | int, *,
+                      padded_tokens: int | None = None) -> np.ndarray:
+        """Vectorised `predict` over micro-batches; zero lengths are padding entries."""
+        lengths_BD = np.asarray(doc_lengths_BD, dtype=np.int64)
+        budget = np.asarray(budget_B, dtype=np.int64)
+        budget_BD = np.broadcast_to(budget.reshape(budget.shape + (1,)), lengths_BD.shape)
+        present = lengths_BD > 0
+        seconds_BD = np.zeros(lengths_BD.shape, dtype=np.float64)
+        seconds_BD[present] = self.doc_seconds(lengths_BD[present], budget_BD[present])
+        seconds_B = seconds_BD.sum(axis=-1)
+        if padded_tokens is not None:
+            seconds_B += (padded_tokens - lengths_BD.sum(axis=-1)) * self.pad_seconds_per_token
+        return seconds_B
+
+
+class AnalyticLatencyModel(LatencyModel):
+    """FLOP-count model at assumed sustained throughputs (defaults: rough H200 bf16 figures).
+
+    Useful attention FLOPs follow DESIGN.md: 4 * head_dim per (query, key) pair forward, 2.5x
+    that backward; a block pair is block_size^2 pairs (the causal own block counted whole: the
+    kernel computes it whole). Gate scoring is 2 * head_dim per (query, earlier block), forward
+    only (top-k selection passes no gradient). Dense: QKV/O projections and a gated MLP, 2 FLOPs
+    per MAC, backward 2x forward.
+    """
+
+    def __init__(self, shape: LayerShape, *, dense_flops_per_s: float = 4.0e14,
+                 attention_flops_per_s: float = 2.5e14, padding_is_free: bool = False):
+        if dense_flops_per_s <= 0 or attention_flops_per_s <= 0:
+            raise ValueError("throughputs must be positive")
+        self.shape = shape
+        self.block_size = shape.block_size
+        s = shape
+        q_dim, kv_dim = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
+        dense_macs = s.d_model * (q_dim + 2 * kv_dim) + q_dim * s.d_model + 3 * s.d_model * s.mlp_dim
+        self.seconds_per_token = 3.0 * 2.0 * dense_macs / dense_flops_per_s
+        pair_flops = 4.0 * s.head_dim * s.num_heads * 3.5
+        self.seconds_per_block_pair = pair_flops * s.block_size**2 / attention_flops_per_s
+        gate_flops = 2.0 * s.head_dim * s.num_heads * s.block_size
+        self.seconds_per_gate_block = gate_flops / attention_flops_per_s
+        # Fixed-shape steps run the dense layers over padding too; `padding_is_free` models a
+        # variable-length step (only document tokens cost), for comparison with such systems.
+        self.pad_seconds_per_token = 0.0 if padding_is_free else self.seconds_per_token
+
+    def doc_seconds(self, lengths_N, budget):
+        lengths_N = np.asarray(lengths_N, dtype=np.int64)
+        return (lengths_N * self.seconds_per_token
+                + attended_blocks(lengths_N, budget, self.block_size) * self.seconds_per_block_pair
+                + gated_blocks(lengths_N, self.block_size) * self.seconds_per_gate_block)
+
+
+@dataclasses.dataclass(frozen=True)
+class LatencyTable:
+    """Measured seconds of one document alone in a row of exactly that length.
+
+    seconds_LK[i, j] is the time at lengths[i] and budgets[j] (both strictly increasing).
+    """
+
+    device_kind: str
+    shape: LayerShape
+    lengths: tuple[int, ...]
+    budgets: tuple[int, ...]
+    seconds_LK: tuple[tuple[float, ...], ...]
+    pad_seconds_per_token: float
+
+    def __post_init__(self):
+        if list(self.lengths) != sorted(set(self.lengths)) or self.lengths[0] <= 0:
+            raise ValueError(f"table lengths {self.lengths} must be positive, strictly increasing")
+        if list(self.budgets) != sorted(set(self.budgets)) or self.budgets[0] < 1:
+            raise ValueError(f"table budgets {self.budgets} must be >= 1, strictly increasing")
+        arr = np.asarray(self.seconds_LK, dtype=np.float64)
+        if arr.shape != (len(self.lengths), len(self.budgets)) or not np.all(arr > 0):
+            raise ValueError(f"table seconds must be positive, shape "
+                             f"{(len(self.lengths), len(self.budgets))}, got {arr.shape}")
+
+    def to_json_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["shape"] = dataclasses.asdict(self.shape)
+        return d
+
+    @classmethod
+    def from_json_dict(cls, d: Mapping[str, Any]) -> LatencyTable:
+        return cls(device_kind=d["device_kind"], shape=LayerShape(**d["shape"]),
+                   lengths=tuple(int(x) for x in d["lengths"]),
+                   budgets=tuple(int(x) for x in d["budgets"]),
+                   seconds_LK=tuple(tuple(float(x) for x in row) for row in d["seconds_LK"]),
+                   pad_seconds_per_token=float(d["pad_seconds_per_token"]))
+
+
+def table_key(device_kind: str, shape: LayerShape) -> str:
+    return f"{device_kind}|{shape.key()}"
+
+
+def save_table(path: str, table: LatencyTable) -> None:
+    """Add (or replace) one device/shape entry in the JSON file at `path`."""
+    tables = {}
+    if os.path.exists(path):
+        with open(path) as f:
+            tables = json.load(f)["tables"]
+    tables[table_key(table.device_kind, table.shape)] = table.to_json_dict()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump({"tables": tables}, f, indent=1, sort_keys=True)
+
+
+def load_table(path: str, device_kind: str, shape: LayerShape) -> LatencyTable:
+    key = table_key(device_kind, shape)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"no latency table file {path!r}; make the table for {key!r} "
+                                f"on that device with `{PROFILE_COMMAND}`")
+    with open(path) as f:
+        tables = json.load(f)["tables"]
+    if key not in tables:
+        raise KeyError(f"latency table file {path!r} has no entry {key!r} (has {sorted(tables)}); "
+                       f"make it on that device with `{PROFILE_COMMAND}`")
+    return LatencyTable.from_json_dict(tables[key])
+
+
+def _bracket(grid: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Left index and weight of x in a sorted grid; beyond the ends, the end segment extends."""
+    i = np.clip(np.searchsorted(grid, x, side="right") - 1, 0, len(grid) - 2)
+    w = (x - grid[i]) / (grid[i + 1] - grid[i])
+    return i, w
+
+
+class ProfiledLatencyModel(LatencyModel):
+    """Bilinear interpolation of a measured table.
+
+    In length: a zero-length document costs zero (a point added at n = 0), and past the longest
+    profiled length the last segment extends linearly (MoBA attention per token is constant
+    once a document has more than k blocks). In budget: linear between profiled budgets; a
+    budget outside the profiled range is an error, since attention time need not be linear in k.
+    """
+
+    def __init__(self, table: LatencyTable):
+        self.table = table
+        self.block_size = table.shape.block_size
+        self.pad_seconds_per_token = table.pad_seconds_per_token
+        self._lengths = np.asarray((0,) + table.lengths, dtype=np.float64)
+        seconds_LK = np.asarray(table.seconds_LK, dtype=np.float64)
+        self._seconds_LK = np.concatenate([np.zeros((1, seconds_LK.shape[1])), seconds_LK])
+        self._budgets = np.asarray(table.budgets, dtype=np.float64)
+
+    @classmethod
+    def load(cls, path: str, device_kind: str, shape: LayerShape) -> ProfiledLatencyModel:
+        return cls(load_table(path, device_kind, shape))
+
+    def doc_seconds(self, lengths_N, budget):
+        lengths_N = np.asarray(lengths_N, dtype=np.float64)
+        budget_N = np.broadcast_to(np.asarray(budget, dtype=np.float64), lengths_N.shape)
+        lo, hi = self.table.budgets[0], self.table.budgets[-1]
+        if budget_N.size and (budget_N.min() < lo or budget_N.max() > hi):
+            raise ValueError(f"budget outside the profiled range [{lo}, {hi}]; re-profile with "
+                             f"the budgets you use (`{PROFILE_COMMAND}`)")
+        li, lw = _bracket(self._lengths, lengths_N)
+        if len(self._budgets) == 1:
+            column = self._seconds_LK[:, 0]
+            return column[li] * (1 - lw) + column[li + 1] * lw
+        ki, kw = _bracket(self._budgets, budget_N)
+        s = self._seconds_LK
+        low = s[li, ki] * (1 - kw) + s[li, ki + 1] * kw
+        high = s[li + 1, ki] * (1 - kw) + s[li + 1, ki + 1] * kw
+        return low * (1 - lw) + high * lw
+
+
+class EmaCorrection:
+    """Per-shard EMA of measured/predicted time ratios; `correct` scales predictions by it.
+
+    The first observation of a shard sets its ratio outright (no bias towards the prior 1.0);
+    later ones blend with weight (1 - decay). State is a dict of numpy arrays (checkpointable).
+    """
+
+    def __init__(self, num_shards: int, decay: float = 0.9):
+        if not 0.0 <= decay < 1.0:
+            raise ValueError(f"EmaCorrection decay={decay} must be in [0, 1)")
+        self.decay = decay
+        self.ratio_S = np.ones(num_shards, dtype=np.float64)
+        self.count_S = np.zeros(num_shards, dtype=np.int64)
+
+    def update(self, measured_S: np.ndarray, predicted_S: np.ndarray) -> None:
+        measured_S = np.asarray(measured_S, dtype=np.float64)
+        predicted_S = np.asarray(predicted_S, dtype=np.float64)
+        if measured_S.shape != self.ratio_S.shape or predicted_S.shape != self.ratio_S.shape:
+            raise ValueError(f"expected [{self.ratio_S.size}] measured and predicted times, got "
+                             f"{measured_S.shape} and {predicted_S.shape}")
+        if not (np.all(predicted_S > 0) and np.all(measured_S > 0)):
+            raise ValueError("measured and predicted times must be positive")
+        observed_S = measured_S / predicted_S
+        blended_S = self.decay * self.ratio_S + (1.0 - self.decay) * observed_S
+        self.ratio_S = np.where(self.count_S == 0, observed_S, blended_S)
+        self.count_S = self.count_S + 1
+
+    def correct(self, predicted_S: np.ndarray) -> np.ndarray:
+        return np.asarray(predicted_S, dtype=np.float64) * self.ratio_S
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        return {"ratio_S": self.ratio_S.copy(), "count_S": self.count_S.copy()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        ratio_S = np.asarray(state["ratio_S"], dtype=np.float64)
+        if ratio_S.shape != self.ratio_S.shape:
+            raise ValueError(f"EMA state for {ratio_S.size} shards, this run has "
+                             f"{self.ratio_S.size}")
+        self.ratio_S = ratio_S.copy()
+        self.count_S = np.asarray(state["count_S"], dtype=np.int64).copy()
+
+
+def make_latency_model(kind: str, shape: LayerShape, *, table_path: str = "",
+                       device_kind: str = "") -> LatencyModel:
+    """'analytic' or 'profiled' (the latter needs the table file and the device kind)."""
+    if kind == "analytic":
+        return AnalyticLatencyModel(shape)
+    if kind == "profiled":
+        if not table_path or not device_kind:
+            raise ValueError("a profiled latency model needs table_path and device_kind")
+        return ProfiledLatencyModel.load(table_path, device_kind, shape)
+    raise ValueError(f"latency model kind {kind!r} not in ('analytic', 'profiled')")
+

@@ -1,0 +1,209 @@
+"""Dynamic sparsity tuning (DST): per-shard MoBA budgets that pull every shard toward one latency.
+
+Owns the tuner's configuration, its decision rule (`decide`), the bucket rule (`bucket_for`)
+and the tuner's checkpointable state (`Tuner`: EMA correction + decision history).
+
+"Shard" here is any unit that runs concurrently and is waited for: the train loop passes data
+shards, or data shards x micro-batches flattened; `decide` only sees a flat axis of N units.
+
+The decision, per unit s with predicted latency L_s at the base budget b and anchor A
+(mean, min or max of the L_s):
+
+1. Bounds: budgets stay within [lo, hi] = [ceil(b (1 - p)), floor(b (1 + p))], so a change
+   never exceeds p * b in either direction, and within [1, max bucket].
+2. Toward the anchor without passing it: a straggler (L_s > A) takes the largest budget
+   b' <= b whose predicted latency is <= A (or lo if none is); a light unit (L_s < A) takes the
+   largest b' >= b whose latency is still <= A (it fills its bubble, never becoming the new
+   straggler). Latency is taken to be non-decreasing in the budget (scans stop at the first
+   budget that crosses the anchor).
+3. Coverage floor: a budget is never lowered below the smallest budget whose coverage (share
+   of the gate's score mass held by the selected blocks) reaches the floor. The floor only
+   stops decreases: it does not raise a budget above the base (the base is the accuracy the
+   user chose; if the base already misses the floor, the unit stays at the base or above).
+4. Budgets are data: any integer in [1, k_max]. The static k_max the step is compiled for is
+   the bucket: the smallest configured bucket >= the step's largest budget (`bucket_for`), so
+   the number of distinct compiled programs is bounded by the number of buckets.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from sparsebalance_jax.balance.latency import EmaCorrection
+
+ANCHORS = ("mean", "min", "max")
+
+LatencyFn = Callable[[int, int], float]  # (unit, budget) -> predicted seconds
+CoverageFn = Callable[[int, int], float]  # (unit, budget) -> coverage in [0, 1]
+
+
+@dataclasses.dataclass(frozen=True)
+class TunerConfig:
+    anchor: str = "mean"
+    p: float = 0.2
+    coverage_floor: float = 0.9
+    buckets: tuple[int, ...] = (16, 32, 48, 64)
+    enabled: bool = True
+
+    def __post_init__(self):
+        if self.anchor not in ANCHORS:
+            raise ValueError(f"TunerConfig.anchor={self.anchor!r} not in {ANCHORS}")
+        if not 0.1 <= self.p <= 0.3:
+            raise ValueError(f"TunerConfig.p={self.p} must be in [0.1, 0.3]")
+        if not 0.0 <= self.coverage_floor <= 1.0:
+            raise ValueError(f"TunerConfig.coverage_floor={self.coverage_floor} not in [0, 1]")
+        if (not self.buckets or list(self.buckets) != sorted(set(self.buckets))
+                or self.buckets[0] < 1):
+            raise ValueError(f"TunerConfig.buckets={self.buckets} must be >= 1, strictly "
+                             "increasing and non-empty")
+
+    @property
+    def k_max(self) -> int:
+        return self.buckets[-1]
+
+
+def bucket_for(budgets: np.ndarray, buckets: tuple[int, ...]) -> int:
+    """The static k_max to compile for: the smallest bucket >= the largest budget."""
+    top = int(np.max(budgets))
+    for b in buckets:
+        if b >= top:
+            return b
+    raise ValueError(f"budget {top} exceeds the largest bucket {buckets[-1]}")
+
+
+def budget_bounds(base_budget: int, p: float, k_max: int) -> tuple[int, int]:
+    lo = max(1, math.ceil(base_budget * (1.0 - p) - 1e-9))
+    hi = min(k_max, math.floor(base_budget * (1.0 + p) + 1e-9))
+    return lo, max(lo, hi)
+
+
+def anchor_latency(predicted_S: np.ndarray, anchor: str) -> float:
+    return float({"mean": np.mean, "min": np.min, "max": np.max}[anchor](predicted_S))
+
+
+def _as_coverage_fn(coverage: np.ndarray | CoverageFn | None) -> CoverageFn | None:
+    """coverage_SK[s, j] is unit s's coverage at budget j + 1; or a callable; or None (no floor)."""
+    if coverage is None or callable(coverage):
+        return coverage
+    coverage_SK = np.asarray(coverage, dtype=np.float64)
+    if coverage_SK.ndim != 2:
+        raise ValueError(f"coverage_by_budget must be [units, k_max], got {coverage_SK.shape}")
+
+    def fn(unit: int, budget: int) -> float:
+        return float(coverage_SK[unit, min(budget, coverage_SK.shape[1]) - 1])
+    return fn
+
+
+def _floor_budget(coverage_fn: CoverageFn | None, unit: int, floor: float, lo: int,
+                  base: int) -> int:
+    """Smallest budget in [lo, base] meeting the coverage floor (base if none below it does)."""
+    if coverage_fn is None:
+        return lo
+    for k in range(lo, base + 1):  # coverage rises with k; the range is at most p * base long
+        if coverage_fn(unit, k) >= floor:
+            return k
+    return base
+
+
+def decide(predicted_S: np.ndarray, base_budget: int, coverage: np.ndarray | CoverageFn | None,
+           latency_fn: LatencyFn, config: TunerConfig) -> np.ndarray:
+    """Per-unit budgets int32 [N]; see the module docstring for the rule."""
+    predicted_S = np.asarray(predicted_S, dtype=np.float64)
+    if not 1 <= base_budget <= config.k_max:
+        raise ValueError(f"base_budget={base_budget} outside [1, k_max={config.k_max}]")
+    budgets_S = np.full(predicted_S.shape, base_budget, dtype=np.int32)
+    if not config.enabled:
+        return budgets_S
+    coverage_fn = _as_coverage_fn(coverage)
+    lo, hi = budget_bounds(base_budget, config.p, config.k_max)
+    target = anchor_latency(predicted_S, config.anchor)
+    for s, latency in enumerate(predicted_S):
+        if latency > target:
+            chosen = lo
+            for k in range(base_budget - 1, lo - 1, -1):
+                if latency_fn(s, k) <= target:
+                    chosen = k
+                    break
+        elif latency < target:
+            chosen = base_budget
+            for k in range(base_budget + 1, hi + 1):
+                if latency_fn(s, k) > target:
+                    break
+                chosen = k
+        else:
+            chosen = base_budget
+        if chosen < base_budget:
+            chosen = max(chosen, _floor_budget(coverage_fn, s, config.coverage_floor, lo,
+                                               base_budget))
+        budgets_S[s] = chosen
+    return budgets_S
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    budgets_S: np.ndarray  # int32 [N], data for the kernel
+    bucket: int  # static k_max to run the step with
+    anchor_seconds: float
+    predicted_before_S: np.ndarray  # corrected predictions at the base budget
+    predicted_after_S: np.ndarray  # corrected predictions at the chosen budgets
+    host_seconds: float  # time spent in the decision (tuner overhead)
+
+
+class Tuner:
+    """`decide` plus the online EMA correction and a bounded history; checkpointable."""
+
+    def __init__(self, config: TunerConfig, num_units: int, *, ema_decay: float = 0.9,
+                 history: int = 256):
+        self.config = config
+        self.ema = EmaCorrection(num_units, ema_decay)
+        self.num_units = num_units
+        self.step = 0
+        self.history_budgets_HS = np.zeros((history, num_units), dtype=np.int32)
+        self.history_imbalance_H = np.zeros((history, 2), dtype=np.float64)  # before, after
+
+    def decide(self, base_budget: int, latency_fn: LatencyFn,
+               coverage: np.ndarray | CoverageFn | None = None) -> Decision:
+        """latency_fn(unit, budget) is the uncorrected model prediction for that unit."""
+        start = time.perf_counter()
+        ratio_S = self.ema.ratio_S
+
+        def corrected(unit: int, budget: int) -> float:
+            return latency_fn(unit, budget) * ratio_S[unit]
+
+        before_S = np.array([corrected(s, base_budget) for s in range(self.num_units)])
+        budgets_S = decide(before_S, base_budget, coverage, corrected, self.config)
+        after_S = np.array([corrected(s, int(k)) for s, k in enumerate(budgets_S)])
+        bucket = bucket_for(budgets_S, self.config.buckets)
+        row = self.step % len(self.history_budgets_HS)
+        self.history_budgets_HS[row] = budgets_S
+        self.history_imbalance_H[row] = (before_S.max() / before_S.mean(),
+                                         after_S.max() / after_S.mean())
+        self.step += 1
+        return Decision(budgets_S=budgets_S, bucket=bucket,
+                        anchor_seconds=anchor_latency(before_S, self.config.anchor),
+                        predicted_before_S=before_S, predicted_after_S=after_S,
+                        host_seconds=time.perf_counter() - start)
+
+    def observe(self, measured_S: np.ndarray, predicted_uncorrected_S: np.ndarray) -> None:
+        """Feed the measured per-unit times of the step just run (at the budgets it used)."""
+        self.ema.update(measured_S, predicted_uncorrected_S)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"ema": self.ema.state_dict(), "step": np.asarray(self.step, dtype=np.int64),
+                "history_budgets_HS": self.history_budgets_HS.copy(),
+                "history_imbalance_H": self.history_imbalance_H.copy()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if np.shape(state["history_budgets_HS"]) != self.history_budgets_HS.shape:
+            raise ValueError("tuner state was saved with a different unit count or history "
+                             f"length: {np.shape(state['history_budgets_HS'])} vs "
+                             f"{self.history_budgets_HS.shape}")
+        self.ema.load_state_dict(state["ema"])
+        self.step = int(state["step"])
+        self.history_budgets_HS = np.asarray(state["history_budgets_HS"], np.int32).copy()
+        self.history_imbalance_H = np.asarray(state["history_imbalance_H"], np.float64).copy()
