@@ -149,14 +149,15 @@ def _shard_slice(batch: dict[str, np.ndarray], lo: int, hi: int) -> dict[str, np
 def train_iterator(spec: DataSpec, seed: int, num_shards: int, micro_batches: int,
                    rows_per_micro_batch: int, row_len: int, block_size: int, base_budget: int,
                    batcher: str = "lbb", shard_index: int = 0, shard_count: int = 1, *,
-                   window: int = 1, cost_model: Any = None,
+                   cost_model: Any, window: int = 1,
                    crop_counter: CropCounter | None = None,
                    read_options: grain.ReadOptions | None = None) -> grain.DatasetIterator:
     """Iterator of step batches for this process's shards (see module doc).
 
     Elements: dict of np arrays inputs / targets / loss_mask / segment_ids / positions
     [S_local, M, R, T] and budgets int32 [S_local, M, R], S_local = num_shards / shard_count.
-    `window` (global batches balanced together) and `cost_model` go to the batcher.
+    `cost_model` (a balance.latency.LatencyModel) and `window` (global batches balanced
+    together) go to the batcher.
     """
     if num_shards < 1 or shard_count < 1 or num_shards % shard_count:
         raise ValueError(f"num_shards ({num_shards}) must be a positive multiple of "
