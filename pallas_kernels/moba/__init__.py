@@ -1,0 +1,66 @@
+"""MoBA block-sparse attention with a per-row runtime budget (Pallas kernels + reference).
+
+Public API::
+
+    out_BTHD = moba_attention(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, budget_B, *,
+                              block_size, k_max, block_sizes=None, interpret=False)
+    sel = moba_gate(q_BTHD, k_BTKD, segment_ids_BT, budget_B, *, block_size, k_max)
+    cov_B = moba_coverage(q_BTHD, k_BTKD, segment_ids_BT, budget_B, *, block_size, k_max)
+    ref_BTHD = moba_reference(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, budget_B, *,
+                              block_size, k_max)
+
+Semantics (exact; kernels and the dense reference compute the same function):
+
+* Shapes: q [B, T, Hq, D], k/v [B, T, Hkv, D], Hq % Hkv == 0; bf16 or f32 (q, k, v
+  share it; the output has it). T % block_size == 0; N = T / block_size KV blocks;
+  1 <= k_max <= N (static). Block j holds tokens [j*block_size, (j+1)*block_size).
+* Segment ids (int [B, T]): 0 = padding, documents > 0. Rule: every document is a
+  contiguous span of its row, i.e. between two tokens of a document there are only
+  tokens of that document or padding (any packer produces this; documents need not
+  start on block boundaries, though the project's packer aligns them).
+* Eligibility: block j is eligible for a query token t (block i, document s != 0)
+  iff j < i and block j holds at least one token of document s.
+* Gate key of block j for t: the mean of the keys of block j's tokens of document s
+  (with aligned packing: the mean of the block's non-padding keys). Gate score
+  (float32, highest precision) = (sum of the KV group's query heads at t) . gate
+  key, i.e. the sum over the group's heads of q_h . key.
+* GQA: selection is shared by the Gh = Hq/Hkv query heads of a KV group (NSA-style).
+  The group then reads each selected KV block once for all its heads, so the kernels
+  run Gh times taller matmuls on the same K/V loads; per-head selection would load
+  the same keys up to Gh times and split the work into smaller tiles.
+* Budget k_b (budget_B[b], runtime data): the own block plus the top (k_b - 1)
+  eligible blocks by gate score (ties: lower block index first); fewer when fewer
+  are eligible. 1 <= k_b <= k_max is required: a concrete budget_B out of range
+  raises ValueError at once; a traced one raises the same ValueError from a host
+  callback when the compiled program runs. Changing budgets never recompiles.
+* Attention: exact softmax (scale 1/sqrt(D)) over the keys of the selected blocks
+  and the own block, restricted to the same document and to key position <= query
+  position (which binds only in the own block). Padding queries output 0 and get
+  zero gradient; padding keys are never attended.
+* Coverage of (t, group): softmax of the eligible gate scores, summed over the
+  chosen blocks; 1.0 when all eligible blocks are chosen or none is eligible, and
+  for padding tokens. `moba_coverage` averages it over a row's non-padding tokens
+  and KV groups.
+* Gradients flow to q, k, v through attention only (selection is piecewise
+  constant, as in MoBA).
+
+Kernel design (kernels.py, layout in gating.py): KV-centric. The gate's
+(token, slot) picks are sorted by KV block, per (row, KV group); each block's run of
+(token, head) rows is padded to a multiple of `block_rows`, so every chunk of
+`block_rows` rows reads exactly one block and no pair outside the selection is
+computed except within the partly filled last chunk of each block. The forward and
+dq kernels run one program per chunk; dk/dv loop over the chunks of their block
+with data-dependent bounds, so time falls with the budget and no shape depends on
+it. A query-centric design over the union of a query tile's selections computes
+and masks pairs no token asked for (the union of 64 tokens' top-k blocks is often
+most of the prefix), which the useful-FLOP metric does not count.
+"""
+
+from pallas_kernels.moba.attention import moba_attention
+from pallas_kernels.moba.gating import (MobaKVLayout, MobaSelection, build_kv_layout,
+                                        moba_coverage, moba_gate)
+from pallas_kernels.moba.kernels import MobaBlockSizes
+from pallas_kernels.moba.reference import moba_reference
+
+__all__ = ["MobaBlockSizes", "MobaKVLayout", "MobaSelection", "build_kv_layout",
+           "moba_attention", "moba_coverage", "moba_gate", "moba_reference"]

@@ -1,0 +1,121 @@
+"""`moba_attention`: gating, layout, Pallas kernels and their `custom_vjp`.
+
+Owns the public entry and the glue between the kernels: gathering queries (and,
+in the backward pass, output gradients, lse and delta) into the sorted-row
+layout, and combining the per-slot partial results of every token - a
+log-sum-exp merge of the partial outputs in the forward pass, a sum of the
+partial dq in the backward pass. Selection is not differentiated (top-k is
+piecewise constant), as in MoBA.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from pallas_kernels.moba import gating, kernels
+from pallas_kernels.moba.kernels import MobaBlockSizes
+
+
+def _to_rows(x_BTHD, layout: gating.MobaKVLayout, num_kv_heads: int) -> jax.Array:
+  """[B, T, Hq, X...] -> [B, G, L, X...]: the value of each sorted row's (token, head)."""
+  b, t, hq = x_BTHD.shape[:3]
+  rest = x_BTHD.shape[3:]
+  gh = hq // num_kv_heads
+  x_BGSX = jnp.moveaxis(x_BTHD.reshape(b, t, num_kv_heads, gh, *rest), 2, 1).reshape(
+      b, num_kv_heads, t * gh, *rest)
+  idx = layout.row_src_BGL.reshape(*layout.row_src_BGL.shape, *([1] * len(rest)))
+  return jnp.take_along_axis(x_BGSX, idx, axis=2)
+
+
+def _from_entries(x_BGLX, layout: gating.MobaKVLayout, group_size: int) -> jax.Array:
+  """[B, G, L, X...] -> [B, G, T, K, Gh, X...]: each (token, slot, head)'s sorted row."""
+  rows_BGTKH = layout.entry_row_BGTK[..., None] + jnp.arange(group_size, dtype=jnp.int32)
+  b, g = rows_BGTKH.shape[:2]
+  flat = rows_BGTKH.reshape(b, g, -1)
+  rest = x_BGLX.shape[3:]
+  idx = jnp.minimum(flat, x_BGLX.shape[2] - 1).reshape(b, g, -1, *([1] * len(rest)))
+  out = jnp.take_along_axis(x_BGLX, idx, axis=2)
+  return out.reshape(*rows_BGTKH.shape, *rest)
+
+
+def _group_to_BTH(x_BGTGh, b, t, hq):
+  """[B, G, T, Gh, X...] -> [B, T, Hq, X...]."""
+  rest = x_BGTGh.shape[4:]
+  return jnp.moveaxis(x_BGTGh, 1, 2).reshape(b, t, hq, *rest)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8))
+def _moba_core(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, sel, layout, block_size, bs, interpret):
+  out, _ = _moba_fwd(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, sel, layout, block_size, bs,
+                     interpret)
+  return out
+
+
+def _moba_fwd(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, sel, layout, block_size, bs, interpret):
+  b, t, hq, d = q_BTHD.shape
+  hkv = k_BTKD.shape[2]
+  gh = hq // hkv
+  q_BGLD = _to_rows(q_BTHD, layout, hkv)
+  o_BGLD, lse_BGL = kernels.moba_forward_rows(q_BGLD, layout, k_BTKD, v_BTKD, segment_ids_BT,
+                                              block_size=block_size, bs=bs, interpret=interpret)
+  used_BGTK = jnp.transpose(sel.selected_BTGK, (0, 2, 1, 3)) < t // block_size
+  lse_BGTKH = jnp.where(used_BGTK[..., None], _from_entries(lse_BGL, layout, gh), -jnp.inf)
+  any_BGT1H = used_BGTK.any(-1)[..., None, None]
+  mx_BGTH = jnp.where(any_BGT1H[:, :, :, 0], lse_BGTKH.max(axis=3), 0.0)
+  w_BGTKH = jnp.where(used_BGTK[..., None], jnp.exp(lse_BGTKH - mx_BGTH[:, :, :, None, :]), 0.0)
+  denom_BGTH = jnp.maximum(w_BGTKH.sum(axis=3), 1e-30)
+  o_BGTKHD = _from_entries(o_BGLD, layout, gh).astype(jnp.float32)
+  o_BGTHD = jnp.einsum("bgtkh,bgtkhd->bgthd", w_BGTKH, o_BGTKHD) / denom_BGTH[..., None]
+  lse_BGTH = jnp.where(any_BGT1H[:, :, :, 0], mx_BGTH + jnp.log(denom_BGTH), 0.0)
+  out_BTHD = _group_to_BTH(o_BGTHD, b, t, hq).astype(q_BTHD.dtype)
+  lse_BTH = _group_to_BTH(lse_BGTH, b, t, hq)
+  res = (q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, sel, layout, out_BTHD, lse_BTH)
+  return out_BTHD, res
+
+
+def _moba_bwd(block_size, bs, interpret, res, do_BTHD):
+  q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, sel, layout, out_BTHD, lse_BTH = res
+  b, t, hq, d = q_BTHD.shape
+  hkv = k_BTKD.shape[2]
+  gh = hq // hkv
+  do_BTHD = do_BTHD.astype(q_BTHD.dtype)
+  delta_BTH = jnp.einsum("bthd,bthd->bth", out_BTHD.astype(jnp.float32),
+                         do_BTHD.astype(jnp.float32))
+  q_BGLD = _to_rows(q_BTHD, layout, hkv)
+  do_BGLD = _to_rows(do_BTHD, layout, hkv)
+  lse_BGL = _to_rows(lse_BTH, layout, hkv)
+  delta_BGL = _to_rows(delta_BTH, layout, hkv)
+  args = (q_BGLD, do_BGLD, lse_BGL, delta_BGL, layout, k_BTKD, v_BTKD, segment_ids_BT)
+  dq_BGLD = kernels.moba_dq_rows(*args, block_size=block_size, bs=bs, interpret=interpret)
+  dk_BTKD, dv_BTKD = kernels.moba_dkv(*args, block_size=block_size, bs=bs, interpret=interpret)
+  used_BGTK = jnp.transpose(sel.selected_BTGK, (0, 2, 1, 3)) < t // block_size
+  dq_BGTKHD = jnp.where(used_BGTK[..., None, None], _from_entries(dq_BGLD, layout, gh), 0.0)
+  dq_BTHD = _group_to_BTH(dq_BGTKHD.sum(axis=3), b, t, hq).astype(q_BTHD.dtype)
+  return dq_BTHD, dk_BTKD, dv_BTKD, None, None, None
+
+
+_moba_core.defvjp(_moba_fwd, _moba_bwd)
+
+
+def moba_attention(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, budget_B, *, block_size: int,
+                   k_max: int, block_sizes: MobaBlockSizes | None = None,
+                   interpret: bool = False) -> jax.Array:
+  """MoBA attention (see the package docstring for the exact semantics)."""
+  gating.validate_shapes(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, budget_B,
+                         block_size=block_size, k_max=k_max)
+  if k_BTKD.dtype != q_BTHD.dtype or v_BTKD.dtype != q_BTHD.dtype:
+    raise ValueError(f"q_BTHD, k_BTKD, v_BTKD must share a dtype, got {q_BTHD.dtype}, "
+                     f"{k_BTKD.dtype}, {v_BTKD.dtype}")
+  bs = (block_sizes or MobaBlockSizes()).fit(block_size)
+  bs.check(block_size)
+  segment_ids_BT = segment_ids_BT.astype(jnp.int32)
+  sel = gating.moba_gate(q_BTHD, k_BTKD, segment_ids_BT, budget_B, block_size=block_size,
+                         k_max=k_max)
+  layout = gating.build_kv_layout(sel, segment_ids_BT, num_blocks=q_BTHD.shape[1] // block_size,
+                                  group_size=q_BTHD.shape[2] // k_BTKD.shape[2],
+                                  block_rows=bs.block_rows)
+  return _moba_core(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, sel, layout, block_size, bs,
+                    interpret)

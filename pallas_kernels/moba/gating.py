@@ -1,0 +1,289 @@
+"""MoBA gating: block eligibility, gate scores, top-(k_b - 1) selection and coverage.
+
+This module owns the selection step and its two layouts:
+
+* `MobaSelection` (query-centric, from `moba_gate`): for every query token and KV
+  head group, the selected KV block ids (slot 0 = the token's own block) and how
+  many slots are in use, plus the token's coverage.
+* `MobaKVLayout` (KV-centric, from `build_kv_layout`): the transposed view the
+  kernels run on. For every (row, KV group) the (token, slot, query head) triples
+  are sorted by the block they read, each block's run padded to a multiple of
+  `block_rows`, so every `block_rows` chunk of the sorted list reads exactly one
+  KV block. Per chunk: its block id (-1 = unused chunk); per block: its first and
+  one-past-last chunk. This plays the part of splash attention's MaskInfo.
+
+Gate keys are computed from prefix sums of keys, exact under the package's
+segment-id rule (documents are contiguous spans; see the package docstring), in
+float32 at highest matmul precision.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+_HIGHEST = lax.Precision.HIGHEST
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class MobaSelection:
+  """Query-centric selection (B rows, T tokens, G = Hkv groups, K = k_max slots).
+
+  selected_BTGK: int32 block ids; slot 0 is the token's own block, slots
+    1..count-1 the chosen earlier blocks by descending gate score; unused slots
+    and every slot of a padding token hold the sentinel `num_blocks`.
+  count_BTG: int32 slots in use (0 for padding tokens, else 1 + chosen blocks).
+  coverage_BTG: float32 share of the softmax over eligible gate scores held by the
+    chosen blocks; 1.0 where nothing is eligible (and for padding tokens).
+  """
+
+  selected_BTGK: jax.Array
+  count_BTG: jax.Array
+  coverage_BTG: jax.Array
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class MobaKVLayout:
+  """KV-centric layout over L sorted rows (a multiple of block_rows) per (row, group).
+
+  row_src_BGL: int32 index into the group's flattened (token, head) axis (T * Gh)
+    of the query head each sorted row holds; 0 on padding rows (masked by seg).
+  row_seg_BGL / row_pos_BGL: int32 segment id (0 on padding rows) and token
+    position of each sorted row; the kernels mask with them.
+  entry_row_BGTK: int32 sorted row of (token, slot, head 0); heads follow
+    contiguously. Meaningless where the slot is unused.
+  chunk_block_BGC: int32 KV block read by each chunk of block_rows rows, -1 if unused.
+  block_chunks_BGN2: int32 [first chunk, one-past-last chunk] of each KV block.
+  """
+
+  row_src_BGL: jax.Array
+  row_seg_BGL: jax.Array
+  row_pos_BGL: jax.Array
+  entry_row_BGTK: jax.Array
+  chunk_block_BGC: jax.Array
+  block_chunks_BGN2: jax.Array
+
+
+def _group_queries(q_BTHD: jax.Array, num_kv_heads: int) -> jax.Array:
+  """Sum of the query heads of each KV group, float32: the group's gate query."""
+  b, t, hq, d = q_BTHD.shape
+  q_BTGhD = q_BTHD.astype(jnp.float32).reshape(b, t, num_kv_heads, hq // num_kv_heads, d)
+  return q_BTGhD.sum(axis=3)
+
+
+def _doc_start_BT(segment_ids_BT: jax.Array) -> jax.Array:
+  """First token index of each token's document (contiguous-span rule)."""
+  t = segment_ids_BT.shape[1]
+  pos_T = jnp.arange(t, dtype=jnp.int32)
+  nonpad_BT = segment_ids_BT != 0
+  # Segment of the last non-padding token strictly before each position.
+  last_nonpad_BT = lax.cummax(jnp.where(nonpad_BT, pos_T, -1), axis=1)
+  prev_idx_BT = jnp.concatenate(
+      [jnp.full_like(last_nonpad_BT[:, :1], -1), last_nonpad_BT[:, :-1]], axis=1)
+  prev_seg_BT = jnp.where(
+      prev_idx_BT >= 0,
+      jnp.take_along_axis(segment_ids_BT, jnp.maximum(prev_idx_BT, 0), axis=1), -1)
+  is_start_BT = nonpad_BT & (segment_ids_BT != prev_seg_BT)
+  return lax.cummax(jnp.where(is_start_BT, pos_T, 0), axis=1)
+
+
+def gate_scores(q_BTHD, k_BTKD, segment_ids_BT, *, block_size: int):
+  """Gate scores [B, T, G, N] (float32, -inf where a block is not eligible)."""
+  b, t, hkv, d = k_BTKD.shape
+  n = t // block_size
+  nonpad_BT = segment_ids_BT != 0
+  k_BTKD = jnp.where(nonpad_BT[:, :, None, None], k_BTKD.astype(jnp.float32), 0.0)
+  zero = jnp.zeros((b, 1, hkv, d), jnp.float32)
+  kcum_BTKD = jnp.concatenate([zero, jnp.cumsum(k_BTKD, axis=1)], axis=1)  # [B, T+1, G, D]
+  ccum_BT = jnp.concatenate(
+      [jnp.zeros((b, 1), jnp.int32), jnp.cumsum(nonpad_BT.astype(jnp.int32), axis=1)], axis=1)
+  ends_N = (jnp.arange(n) + 1) * block_size
+  starts_N = jnp.arange(n) * block_size
+  blocksum_BNKD = kcum_BTKD[:, ends_N] - kcum_BTKD[:, starts_N]
+  blockcnt_BN = ccum_BT[:, ends_N] - ccum_BT[:, starts_N]
+  qg_BTGD = _group_queries(q_BTHD, hkv)
+  full_BTGN = jnp.einsum("btgd,bngd->btgn", qg_BTGD, blocksum_BNKD, precision=_HIGHEST)
+  full_BTGN = full_BTGN / jnp.maximum(blockcnt_BN, 1)[:, None, None, :]
+  # The block holding the document's first token contributes only its tail.
+  start_BT = _doc_start_BT(segment_ids_BT)
+  j0_BT = start_BT // block_size
+  tail_end_BT = (j0_BT + 1) * block_size
+  tailsum_BTKD = (jnp.take_along_axis(kcum_BTKD, tail_end_BT[:, :, None, None], axis=1)
+                  - jnp.take_along_axis(kcum_BTKD, start_BT[:, :, None, None], axis=1))
+  tailcnt_BT = (jnp.take_along_axis(ccum_BT, tail_end_BT, axis=1)
+                - jnp.take_along_axis(ccum_BT, start_BT, axis=1))
+  tail_BTG = jnp.einsum("btgd,btgd->btg", qg_BTGD, tailsum_BTKD, precision=_HIGHEST)
+  tail_BTG = tail_BTG / jnp.maximum(tailcnt_BT, 1)[:, :, None]
+  n_N = jnp.arange(n)
+  is_tail_BTN = n_N[None, None, :] == j0_BT[:, :, None]
+  scores_BTGN = jnp.where(is_tail_BTN[:, :, None, :], tail_BTG[..., None], full_BTGN)
+  own_BT = jnp.arange(t)[None, :] // block_size
+  cnt_BTN = jnp.where(is_tail_BTN, tailcnt_BT[..., None], blockcnt_BN[:, None, :])
+  eligible_BTN = ((n_N[None, None, :] < own_BT[..., None]) & (n_N[None, None, :] >= j0_BT[..., None])
+                  & (cnt_BTN > 0) & nonpad_BT[..., None])
+  return jnp.where(eligible_BTN[:, :, None, :], scores_BTGN, -jnp.inf)
+
+
+def select_blocks(scores_BTGN, segment_ids_BT, budget_B, *, block_size: int, k_max: int
+                  ) -> MobaSelection:
+  """Top-(k_b - 1) eligible blocks + own block, and coverage, from gate scores."""
+  b, t, g, n = scores_BTGN.shape
+  nonpad_BT = segment_ids_BT != 0
+  own_BT = (jnp.arange(t, dtype=jnp.int32) // block_size)[None, :].repeat(b, axis=0)
+  own_BTG1 = jnp.where(nonpad_BT, own_BT, n)[:, :, None, None].repeat(g, axis=2)
+  eligible_BTGN = jnp.isfinite(scores_BTGN)
+  if k_max > 1:
+    top_BTGK, idx_BTGK = lax.top_k(scores_BTGN, k_max - 1)
+    slot_K = jnp.arange(1, k_max)
+    chosen_BTGK = (jnp.isfinite(top_BTGK)
+                   & (slot_K[None, None, None, :] < budget_B[:, None, None, None]))
+    picked_BTGK = jnp.where(chosen_BTGK, idx_BTGK.astype(jnp.int32), n)
+    selected_BTGK = jnp.concatenate([own_BTG1, picked_BTGK], axis=-1)
+    num_chosen_BTG = chosen_BTGK.sum(-1).astype(jnp.int32)
+    # Softmax mass of the chosen blocks over all eligible ones.
+    mx_BTG = jnp.max(jnp.where(eligible_BTGN, scores_BTGN, -jnp.inf), axis=-1)
+    mx_BTG = jnp.where(jnp.isfinite(mx_BTG), mx_BTG, 0.0)
+    e_BTGN = jnp.where(eligible_BTGN, jnp.exp(scores_BTGN - mx_BTG[..., None]), 0.0)
+    e_top_BTGK = jnp.where(chosen_BTGK, jnp.exp(top_BTGK - mx_BTG[..., None]), 0.0)
+    total_BTG = e_BTGN.sum(-1)
+    coverage_BTG = jnp.where(total_BTG > 0, e_top_BTGK.sum(-1) / jnp.maximum(total_BTG, 1e-30),
+                             1.0)
+    # Exact 1.0 when everything eligible was chosen (no rounding slack).
+    all_chosen_BTG = num_chosen_BTG == eligible_BTGN.sum(-1)
+    coverage_BTG = jnp.where(all_chosen_BTG, 1.0, jnp.clip(coverage_BTG, 0.0, 1.0))
+  else:
+    selected_BTGK = own_BTG1
+    num_chosen_BTG = jnp.zeros((b, t, g), jnp.int32)
+    coverage_BTG = jnp.where(eligible_BTGN.any(-1), 0.0, 1.0)
+  count_BTG = jnp.where(nonpad_BT[..., None], 1 + num_chosen_BTG, 0)
+  return MobaSelection(selected_BTGK=selected_BTGK.astype(jnp.int32), count_BTG=count_BTG,
+                       coverage_BTG=coverage_BTG.astype(jnp.float32))
+
+
+def validate_shapes(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, budget_B, *, block_size: int,
+                    k_max: int) -> None:
+  """Static checks; each error names the argument at fault."""
+  if q_BTHD.ndim != 4:
+    raise ValueError(f"q_BTHD must be [B, T, Hq, D], got shape {q_BTHD.shape}")
+  b, t, hq, d = q_BTHD.shape
+  for name, x in (("k_BTKD", k_BTKD), ("v_BTKD", v_BTKD)):
+    if x is None:
+      continue
+    if x.ndim != 4 or x.shape[0] != b or x.shape[1] != t or x.shape[3] != d:
+      raise ValueError(f"{name} must be [B={b}, T={t}, Hkv, D={d}], got {x.shape}")
+  hkv = k_BTKD.shape[2]
+  if v_BTKD is not None and v_BTKD.shape != k_BTKD.shape:
+    raise ValueError(f"v_BTKD shape {v_BTKD.shape} must equal k_BTKD shape {k_BTKD.shape}")
+  if hq % hkv != 0:
+    raise ValueError(f"q heads ({hq}) must be a multiple of k/v heads ({hkv}) (Hq % Hkv != 0)")
+  if segment_ids_BT.shape != (b, t) or not jnp.issubdtype(segment_ids_BT.dtype, jnp.integer):
+    raise ValueError(f"segment_ids_BT must be integer [B={b}, T={t}], got "
+                     f"{segment_ids_BT.dtype}{segment_ids_BT.shape}")
+  if budget_B.shape != (b,) or not jnp.issubdtype(budget_B.dtype, jnp.integer):
+    raise ValueError(f"budget_B must be integer [B={b}], got {budget_B.dtype}{budget_B.shape}")
+  if block_size < 1 or t % block_size != 0:
+    raise ValueError(f"T={t} must be a multiple of block_size={block_size}")
+  n = t // block_size
+  if not 1 <= k_max <= n:
+    raise ValueError(f"k_max={k_max} must be in [1, number of blocks T/block_size={n}]")
+  for name, x in (("q_BTHD", q_BTHD), ("k_BTKD", k_BTKD), ("v_BTKD", v_BTKD)):
+    if x is not None and x.dtype not in (jnp.bfloat16, jnp.float32):
+      raise ValueError(f"{name} dtype must be bfloat16 or float32, got {x.dtype}")
+
+
+def _raise_budget_error(budget_B, k_max):
+  budget_B = np.asarray(budget_B)
+  bad = np.nonzero((budget_B < 1) | (budget_B > k_max))[0]
+  if bad.size:
+    raise ValueError(f"budget_B must lie in [1, k_max={k_max}]; rows {bad.tolist()} hold "
+                     f"{budget_B[bad].tolist()}")
+
+
+def check_budget(budget_B: jax.Array, *, k_max: int) -> None:
+  """Budget range check: eager ValueError on concrete input; under tracing a host
+  callback raises the same ValueError when the program runs (surfacing as a runtime
+  error of the jitted call)."""
+  if isinstance(budget_B, jax.core.Tracer):
+    jax.debug.callback(_raise_budget_error, budget_B, k_max)
+  else:
+    _raise_budget_error(budget_B, k_max)
+
+
+def moba_gate(q_BTHD, k_BTKD, segment_ids_BT, budget_B, *, block_size: int, k_max: int
+              ) -> MobaSelection:
+  """Selected blocks (indices + per-token counts) and per-token coverage."""
+  validate_shapes(q_BTHD, k_BTKD, None, segment_ids_BT, budget_B, block_size=block_size,
+                  k_max=k_max)
+  check_budget(budget_B, k_max=k_max)
+  q_BTHD, k_BTKD = lax.stop_gradient(q_BTHD), lax.stop_gradient(k_BTKD)
+  scores_BTGN = gate_scores(q_BTHD, k_BTKD, segment_ids_BT, block_size=block_size)
+  return select_blocks(scores_BTGN, segment_ids_BT, budget_B.astype(jnp.int32),
+                       block_size=block_size, k_max=k_max)
+
+
+def moba_coverage(q_BTHD, k_BTKD, segment_ids_BT, budget_B, *, block_size: int, k_max: int
+                  ) -> jax.Array:
+  """Mean coverage per row over its non-padding tokens and KV groups, float32 [B]."""
+  sel = moba_gate(q_BTHD, k_BTKD, segment_ids_BT, budget_B, block_size=block_size, k_max=k_max)
+  nonpad_BT = (segment_ids_BT != 0).astype(jnp.float32)
+  per_token_BT = sel.coverage_BTG.mean(-1)
+  n_B = nonpad_BT.sum(-1)
+  return jnp.where(n_B > 0, (per_token_BT * nonpad_BT).sum(-1) / jnp.maximum(n_B, 1), 1.0)
+
+
+def build_kv_layout(sel: MobaSelection, segment_ids_BT: jax.Array, *, num_blocks: int,
+                    group_size: int, block_rows: int) -> MobaKVLayout:
+  """Transpose the selection into the KV-centric sorted-row layout the kernels read."""
+  sel_BGTK = jnp.transpose(sel.selected_BTGK, (0, 2, 1, 3))
+  b, g, t, kmax = sel_BGTK.shape
+  n, gh, r = num_blocks, group_size, block_rows
+  e = t * kmax
+  cap_rows = -(-(e * gh + n * (r - 1)) // r) * r
+  keys_BGE = sel_BGTK.reshape(b, g, e)
+  order_BGE = jnp.argsort(keys_BGE, axis=-1, stable=True).astype(jnp.int32)
+  sorted_keys_BGE = jnp.take_along_axis(keys_BGE, order_BGE, axis=-1)
+  cnt_BGN = jax.vmap(jax.vmap(lambda k: jnp.bincount(k, length=n + 1)))(keys_BGE)[..., :n]
+  first_sorted_BGN = jnp.cumsum(cnt_BGN, axis=-1) - cnt_BGN
+  padded_BGN = -(-(cnt_BGN * gh) // r) * r
+  row_end_BGN = jnp.cumsum(padded_BGN, axis=-1).astype(jnp.int32)
+  row_start_BGN = row_end_BGN - padded_BGN
+  # Rank of each sorted entry inside its block's run, then its first row.
+  valid_sorted_BGE = sorted_keys_BGE < n
+  kclip_BGE = jnp.minimum(sorted_keys_BGE, n - 1)
+  rank_BGE = jnp.arange(e)[None, None, :] - jnp.take_along_axis(first_sorted_BGN, kclip_BGE, -1)
+  row_sorted_BGE = jnp.take_along_axis(row_start_BGN, kclip_BGE, -1) + rank_BGE * gh
+  row_sorted_BGE = jnp.where(valid_sorted_BGE, row_sorted_BGE, cap_rows).astype(jnp.int32)
+  # Back to (token, slot) order.
+  entry_row_BGE = jnp.zeros_like(row_sorted_BGE).at[
+      jnp.arange(b)[:, None, None], jnp.arange(g)[None, :, None], order_BGE].set(row_sorted_BGE)
+  entry_row_BGTK = entry_row_BGE.reshape(b, g, t, kmax)
+  tok_E = jnp.arange(e, dtype=jnp.int32) // kmax
+  tok_sorted_BGE = jnp.take_along_axis(jnp.broadcast_to(tok_E, (b, g, e)), order_BGE, -1)
+  rows_BGEH = row_sorted_BGE[..., None] + jnp.arange(gh, dtype=jnp.int32)
+  src_BGEH = tok_sorted_BGE[..., None] * gh + jnp.arange(gh, dtype=jnp.int32)
+  bi = jnp.arange(b)[:, None, None, None]
+  gi = jnp.arange(g)[None, :, None, None]
+  row_tok_BGL = jnp.full((b, g, cap_rows), -1, jnp.int32).at[bi, gi, rows_BGEH].set(
+      jnp.broadcast_to(tok_sorted_BGE[..., None], rows_BGEH.shape), mode="drop")
+  row_src_BGL = jnp.zeros((b, g, cap_rows), jnp.int32).at[bi, gi, rows_BGEH].set(
+      src_BGEH, mode="drop")
+  has_tok_BGL = row_tok_BGL >= 0
+  tok_clip_BGL = jnp.maximum(row_tok_BGL, 0)
+  seg_BGL = jnp.take_along_axis(segment_ids_BT[:, None, :].astype(jnp.int32),
+                                tok_clip_BGL, axis=-1)
+  row_seg_BGL = jnp.where(has_tok_BGL, seg_BGL, 0)
+  num_chunks = cap_rows // r
+  chunk_start_C = jnp.arange(num_chunks, dtype=jnp.int32) * r
+  blk_BGC = jax.vmap(jax.vmap(lambda ends: jnp.searchsorted(ends, chunk_start_C, side="right")))(
+      row_end_BGN)
+  chunk_block_BGC = jnp.where(blk_BGC < n, blk_BGC, -1).astype(jnp.int32)
+  block_chunks_BGN2 = jnp.stack([row_start_BGN // r, row_end_BGN // r], axis=-1).astype(jnp.int32)
+  return MobaKVLayout(row_src_BGL=row_src_BGL, row_seg_BGL=row_seg_BGL, row_pos_BGL=tok_clip_BGL,
+                      entry_row_BGTK=entry_row_BGTK, chunk_block_BGC=chunk_block_BGC,
+                      block_chunks_BGN2=block_chunks_BGN2)

@@ -1,0 +1,245 @@
+"""Pallas (Triton lowering) kernels on the KV-centric sorted-row layout.
+
+Three `pallas_call`s, all reading `MobaKVLayout` (see gating.py):
+
+* forward: one program per (row, KV group, chunk of `block_rows` sorted rows);
+  the chunk's rows all read one KV block, so the program streams that block's
+  keys in `block_k` tiles with an online softmax and writes a partial output and
+  its log-sum-exp per sorted row. Unused chunks return at once.
+* dq: same grid; per sorted row the partial dq against its one block.
+* dk/dv: one program per (row, KV group, `block_k_dkv` key tile); it loops over
+  the chunks that read the tile's block - `[first, end)` read from the layout, so
+  the trip count is data and falls with the budget - accumulating dk and dv.
+
+Masking inside a block: same segment (non-zero) and key position <= query
+position (only binds in the own block). Partial results are combined outside
+the kernels (attention.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+_MASK = -0.7 * float(jnp.finfo(jnp.float32).max)
+_LOG2E = math.log2(math.e)
+
+
+@dataclasses.dataclass(frozen=True)
+class MobaBlockSizes:
+  """Tile sizes and Triton launch parameters (all tiles powers of two).
+
+  block_rows: sorted query rows per chunk (the M of every matmul).
+  block_k: key tile of the forward and dq loops.
+  block_k_dkv / block_rows_dkv: key tile per dk/dv program, and its row step
+    (must equal block_rows: the loop steps over layout chunks).
+  """
+
+  block_rows: int = 64
+  block_k: int = 64
+  block_k_dkv: int = 64
+  num_warps: int = 4
+  num_stages: int = 2
+  num_warps_bwd: int = 4
+  num_stages_bwd: int = 2
+
+  def check(self, block_size: int) -> None:
+    for name in ("block_rows", "block_k", "block_k_dkv"):
+      v = getattr(self, name)
+      if v < 16 or v & (v - 1):
+        raise ValueError(f"MobaBlockSizes.{name}={v} must be a power of two >= 16")
+    for name in ("block_k", "block_k_dkv"):
+      if block_size % getattr(self, name):
+        raise ValueError(f"block_size={block_size} must be a multiple of "
+                         f"MobaBlockSizes.{name}={getattr(self, name)}")
+
+  def fit(self, block_size: int) -> "MobaBlockSizes":
+    """Shrinks the key tiles to block_size when a block is smaller than a tile."""
+    return dataclasses.replace(self, block_k=min(self.block_k, block_size),
+                               block_k_dkv=min(self.block_k_dkv, block_size))
+
+
+def _mask(seg_R, pos_R, kseg_K, kpos_K):
+  return ((seg_R[:, None] == kseg_K[None, :]) & (seg_R[:, None] != 0)
+          & (kpos_K[None, :] <= pos_R[:, None]))
+
+
+def _fwd_kernel(cb_ref, q_ref, seg_ref, pos_ref, k_ref, v_ref, kseg_ref, o_ref, lse_ref, *,
+                sm_scale, block_size, block_k):
+  j = cb_ref[0]
+
+  @pl.when(j >= 0)
+  def _():
+    r, d = q_ref.shape
+    q = q_ref[...]
+    seg, pos = seg_ref[...], pos_ref[...]
+    base = j * block_size
+
+    def body(i, carry):
+      acc, m_prev, l_prev = carry
+      ks = pl.ds(base + i * block_k, block_k)
+      k = k_ref[ks, :]
+      s = plgpu.dot(q, k, trans_b=True) * (sm_scale * _LOG2E)
+      kpos = base + i * block_k + jnp.arange(block_k, dtype=jnp.int32)
+      s = jnp.where(_mask(seg, pos, kseg_ref[ks], kpos), s, _MASK)
+      m_next = jnp.maximum(m_prev, s.max(axis=-1))
+      corr = jnp.exp2(m_prev - m_next)
+      p = jnp.exp2(s - m_next[:, None])
+      l_next = l_prev * corr + p.sum(axis=-1)
+      v = v_ref[ks, :]
+      acc = acc * corr[:, None] + plgpu.dot(p.astype(v.dtype), v)
+      return acc, m_next, l_next
+
+    acc = jnp.zeros((r, d), jnp.float32)
+    m = jnp.full((r,), _MASK, jnp.float32)
+    l = jnp.zeros((r,), jnp.float32)
+    acc, m, l = lax.fori_loop(0, block_size // block_k, body, (acc, m, l))
+    o_ref[...] = (acc / l[:, None]).astype(o_ref.dtype)
+    lse_ref[...] = (m + jnp.log2(l)) / _LOG2E  # natural-log lse
+
+
+def _dq_kernel(cb_ref, q_ref, do_ref, lse_ref, delta_ref, seg_ref, pos_ref, k_ref, v_ref,
+               kseg_ref, dq_ref, *, sm_scale, block_size, block_k):
+  j = cb_ref[0]
+
+  @pl.when(j >= 0)
+  def _():
+    r, d = q_ref.shape
+    q, do = q_ref[...], do_ref[...]
+    lse, delta = lse_ref[...], delta_ref[...]
+    seg, pos = seg_ref[...], pos_ref[...]
+    base = j * block_size
+
+    def body(i, dq):
+      ks = pl.ds(base + i * block_k, block_k)
+      k, v = k_ref[ks, :], v_ref[ks, :]
+      s = plgpu.dot(q, k, trans_b=True) * sm_scale
+      kpos = base + i * block_k + jnp.arange(block_k, dtype=jnp.int32)
+      p = jnp.where(_mask(seg, pos, kseg_ref[ks], kpos), jnp.exp(s - lse[:, None]), 0.0)
+      dp = plgpu.dot(do, v, trans_b=True)
+      ds = p * (dp - delta[:, None])
+      return dq + plgpu.dot(ds.astype(k.dtype), k)
+
+    dq = lax.fori_loop(0, block_size // block_k, body, jnp.zeros((r, d), jnp.float32))
+    dq_ref[...] = dq * sm_scale
+
+
+def _dkv_kernel(bc_ref, q_ref, do_ref, lse_ref, delta_ref, seg_ref, pos_ref, k_ref, v_ref,
+                kseg_ref, dk_ref, dv_ref, *, sm_scale, block_size, block_k, block_rows):
+  j = pl.program_id(2) // (block_size // block_k)
+  first, end = bc_ref[0], bc_ref[1]
+  k, v = k_ref[...], v_ref[...]
+  kseg = kseg_ref[...]
+  kpos = pl.program_id(2) * block_k + jnp.arange(block_k, dtype=jnp.int32)
+  del j
+
+  def body(c, carry):
+    dk, dv = carry
+    rs = pl.ds(c * block_rows, block_rows)
+    q, do = q_ref[rs, :], do_ref[rs, :]
+    lse, delta = lse_ref[rs], delta_ref[rs]
+    s = plgpu.dot(q, k, trans_b=True) * sm_scale
+    p = jnp.where(_mask(seg_ref[rs], pos_ref[rs], kseg, kpos), jnp.exp(s - lse[:, None]), 0.0)
+    dv = dv + plgpu.dot(p.astype(do.dtype), do, trans_a=True)
+    dp = plgpu.dot(do, v, trans_b=True)
+    ds = p * (dp - delta[:, None])
+    dk = dk + plgpu.dot(ds.astype(q.dtype), q, trans_a=True)
+    return dk, dv
+
+  d = k.shape[-1]
+  zeros = jnp.zeros((block_k, d), jnp.float32)
+  dk, dv = lax.fori_loop(first, end, body, (zeros, zeros))
+  dk_ref[...] = (dk * sm_scale).astype(dk_ref.dtype)
+  dv_ref[...] = dv.astype(dv_ref.dtype)
+
+
+def _rows_spec(r, d=None):
+  if d is None:
+    return pl.BlockSpec((None, None, r), lambda b, g, c: (b, g, c))
+  return pl.BlockSpec((None, None, r, d), lambda b, g, c: (b, g, c, 0))
+
+
+def moba_forward_rows(q_BGLD, layout, k_BTKD, v_BTKD, segment_ids_BT, *, block_size,
+                      bs: MobaBlockSizes, interpret: bool):
+  """Partial output [B, G, L, D] (q dtype) and natural-log lse [B, G, L] per sorted row."""
+  b, g, l, d = q_BGLD.shape
+  t = k_BTKD.shape[1]
+  r = bs.block_rows
+  kv_spec = pl.BlockSpec((None, t, None, d), lambda b_, g_, c: (b_, 0, g_, 0))
+  kernel = functools.partial(_fwd_kernel, sm_scale=1.0 / math.sqrt(d), block_size=block_size,
+                             block_k=bs.block_k)
+  return pl.pallas_call(
+      kernel,
+      grid=(b, g, l // r),
+      in_specs=[_rows_spec(1), _rows_spec(r, d), _rows_spec(r), _rows_spec(r), kv_spec, kv_spec,
+                pl.BlockSpec((None, t), lambda b_, g_, c: (b_, 0))],
+      out_specs=[_rows_spec(r, d), _rows_spec(r)],
+      out_shape=[jax.ShapeDtypeStruct((b, g, l, d), q_BGLD.dtype),
+                 jax.ShapeDtypeStruct((b, g, l), jnp.float32)],
+      compiler_params=plgpu.CompilerParams(num_warps=bs.num_warps, num_stages=bs.num_stages),
+      interpret=interpret,
+      name="moba_fwd",
+  )(layout.chunk_block_BGC, q_BGLD, layout.row_seg_BGL, layout.row_pos_BGL, k_BTKD, v_BTKD,
+    segment_ids_BT.astype(jnp.int32))
+
+
+def moba_dq_rows(q_BGLD, do_BGLD, lse_BGL, delta_BGL, layout, k_BTKD, v_BTKD, segment_ids_BT, *,
+                 block_size, bs: MobaBlockSizes, interpret: bool):
+  """Partial dq [B, G, L, D] float32 per sorted row."""
+  b, g, l, d = q_BGLD.shape
+  t = k_BTKD.shape[1]
+  r = bs.block_rows
+  kv_spec = pl.BlockSpec((None, t, None, d), lambda b_, g_, c: (b_, 0, g_, 0))
+  kernel = functools.partial(_dq_kernel, sm_scale=1.0 / math.sqrt(d), block_size=block_size,
+                             block_k=bs.block_k)
+  return pl.pallas_call(
+      kernel,
+      grid=(b, g, l // r),
+      in_specs=[_rows_spec(1), _rows_spec(r, d), _rows_spec(r, d), _rows_spec(r), _rows_spec(r),
+                _rows_spec(r), _rows_spec(r), kv_spec, kv_spec,
+                pl.BlockSpec((None, t), lambda b_, g_, c: (b_, 0))],
+      out_specs=_rows_spec(r, d),
+      out_shape=jax.ShapeDtypeStruct((b, g, l, d), jnp.float32),
+      compiler_params=plgpu.CompilerParams(num_warps=bs.num_warps_bwd,
+                                           num_stages=bs.num_stages_bwd),
+      interpret=interpret,
+      name="moba_dq",
+  )(layout.chunk_block_BGC, q_BGLD, do_BGLD, lse_BGL, delta_BGL, layout.row_seg_BGL,
+    layout.row_pos_BGL, k_BTKD, v_BTKD, segment_ids_BT.astype(jnp.int32))
+
+
+def moba_dkv(q_BGLD, do_BGLD, lse_BGL, delta_BGL, layout, k_BTKD, v_BTKD, segment_ids_BT, *,
+             block_size, bs: MobaBlockSizes, interpret: bool):
+  """dk, dv [B, T, Hkv, D] in k's dtype; every key tile written (zeros if unread)."""
+  b, g, l, d = q_BGLD.shape
+  t = k_BTKD.shape[1]
+  tk = bs.block_k_dkv
+  tiles_per_block = block_size // tk
+  rows_full = pl.BlockSpec((None, None, l, d), lambda b_, g_, n: (b_, g_, 0, 0))
+  vec_full = pl.BlockSpec((None, None, l), lambda b_, g_, n: (b_, g_, 0))
+  kv_tile = pl.BlockSpec((None, tk, None, d), lambda b_, g_, n: (b_, n, g_, 0))
+  kernel = functools.partial(_dkv_kernel, sm_scale=1.0 / math.sqrt(d), block_size=block_size,
+                             block_k=tk, block_rows=bs.block_rows)
+  return pl.pallas_call(
+      kernel,
+      grid=(b, g, t // tk),
+      in_specs=[pl.BlockSpec((None, None, None, 2),
+                             lambda b_, g_, n: (b_, g_, n // tiles_per_block, 0)),
+                rows_full, rows_full, vec_full, vec_full, vec_full, vec_full, kv_tile, kv_tile,
+                pl.BlockSpec((None, tk), lambda b_, g_, n: (b_, n))],
+      out_specs=[kv_tile, kv_tile],
+      out_shape=[jax.ShapeDtypeStruct(k_BTKD.shape, k_BTKD.dtype),
+                 jax.ShapeDtypeStruct(v_BTKD.shape, v_BTKD.dtype)],
+      compiler_params=plgpu.CompilerParams(num_warps=bs.num_warps_bwd,
+                                           num_stages=bs.num_stages_bwd),
+      interpret=interpret,
+      name="moba_dkv",
+  )(layout.block_chunks_BGN2, q_BGLD, do_BGLD, lse_BGL, delta_BGL, layout.row_seg_BGL,
+    layout.row_pos_BGL, k_BTKD, v_BTKD, segment_ids_BT.astype(jnp.int32))

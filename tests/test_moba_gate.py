@@ -1,0 +1,104 @@
+"""MoBA gating: prefix-sum gate vs the dense definition, selection, coverage, validation."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pallas_kernels.moba import gating, moba_coverage, moba_gate
+from pallas_kernels.moba.reference import reference_gate_scores
+
+
+def packed_segments(rng, b, t, block_size, aligned):
+  """Contiguous documents with padding gaps; aligned=True starts each on a block."""
+  seg = np.zeros((b, t), np.int32)
+  for row in range(b):
+    pos, doc = 0, 1
+    while pos < t:
+      length = int(rng.integers(1, 3 * block_size))
+      seg[row, pos:pos + length] = doc
+      pos += length
+      doc += 1
+      if aligned:
+        pos = -(-pos // block_size) * block_size
+      pos += int(rng.integers(0, 4)) if not aligned else 0
+  return jnp.asarray(seg)
+
+
+def _inputs(rng, b=2, t=128, hq=4, hkv=2, d=16):
+  q = jnp.asarray(rng.standard_normal((b, t, hq, d)), jnp.float32)
+  k = jnp.asarray(rng.standard_normal((b, t, hkv, d)), jnp.float32)
+  return q, k
+
+
+@pytest.mark.parametrize("aligned", [True, False])
+def test_prefix_gate_matches_dense_definition(aligned):
+  rng = np.random.default_rng()
+  q, k = _inputs(rng)
+  seg = packed_segments(rng, 2, 128, 16, aligned)
+  got = gating.gate_scores(q, k, seg, block_size=16)
+  want = reference_gate_scores(q, k, seg, block_size=16)
+  np.testing.assert_array_equal(np.isfinite(got), np.isfinite(want))
+  fin = np.isfinite(want)
+  np.testing.assert_allclose(np.asarray(got)[fin], np.asarray(want)[fin], rtol=1e-4, atol=1e-4)
+
+
+def test_selection_counts_and_coverage():
+  rng = np.random.default_rng()
+  q, k = _inputs(rng)
+  seg = packed_segments(rng, 2, 128, 16, aligned=True)
+  k_max = 5
+  budget = jnp.asarray([2, 5], jnp.int32)
+  sel = moba_gate(q, k, seg, budget, block_size=16, k_max=k_max)
+  scores = np.asarray(reference_gate_scores(q, k, seg, block_size=16))
+  n_elig = np.isfinite(scores).sum(-1)  # [B, T, G]
+  nonpad = np.asarray(seg)[..., None] != 0
+  want_count = np.where(nonpad, 1 + np.minimum(n_elig, np.asarray(budget)[:, None, None] - 1), 0)
+  np.testing.assert_array_equal(np.asarray(sel.count_BTG), want_count)
+  own = np.arange(128) // 16
+  selected = np.asarray(sel.selected_BTGK)
+  np.testing.assert_array_equal(
+      selected[..., 0], np.broadcast_to(np.where(nonpad, own[None, :, None], 8), want_count.shape))
+  cov = np.asarray(sel.coverage_BTG)
+  assert np.all((cov >= 0) & (cov <= 1))
+  all_chosen = want_count - 1 == n_elig
+  assert np.all(cov[all_chosen | ~nonpad] == 1.0)
+  # Coverage from the dense scores: softmax mass of the chosen blocks.
+  b, t, g = 1, 100, 1
+  if n_elig[b, t, g] > 4:
+    e = np.exp(scores[b, t, g][np.isfinite(scores[b, t, g])] - scores[b, t, g].max())
+    top = np.sort(e)[::-1][:4].sum() / e.sum()
+    np.testing.assert_allclose(cov[b, t, g], top, rtol=1e-4)
+  row = np.asarray(moba_coverage(q, k, seg, budget, block_size=16, k_max=k_max))
+  assert row.shape == (2,) and np.all((row >= 0) & (row <= 1))
+  full = moba_coverage(q, k, seg, jnp.asarray([8, 8]), block_size=16, k_max=8)
+  np.testing.assert_array_equal(np.asarray(full), 1.0)
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(t=120), "multiple of block_size"),
+    (dict(hq=3), "Hq % Hkv"),
+    (dict(k_max=9), "k_max"),
+])
+def test_validation_errors_name_the_argument(bad, match):
+  rng = np.random.default_rng()
+  t, hq, k_max = bad.get("t", 128), bad.get("hq", 4), bad.get("k_max", 3)
+  q = jnp.asarray(rng.standard_normal((1, t, hq, 8)), jnp.float32)
+  k = jnp.asarray(rng.standard_normal((1, t, 2, 8)), jnp.float32)
+  seg = jnp.ones((1, t), jnp.int32)
+  with pytest.raises(ValueError, match=match):
+    moba_gate(q, k, seg, jnp.asarray([2]), block_size=16, k_max=k_max)
+
+
+def test_budget_out_of_range_raises_eagerly_and_under_jit():
+  rng = np.random.default_rng()
+  q, k = _inputs(rng, b=2)
+  seg = jnp.ones((2, 128), jnp.int32)
+  with pytest.raises(ValueError, match="budget_B"):
+    moba_gate(q, k, seg, jnp.asarray([0, 2]), block_size=16, k_max=3)
+  with pytest.raises(ValueError, match="budget_B"):
+    moba_gate(q, k, seg, jnp.asarray([2, 4]), block_size=16, k_max=3)
+  gate = jax.jit(lambda b: moba_gate(q, k, seg, b, block_size=16, k_max=3).count_BTG)
+  gate(jnp.asarray([1, 3])).block_until_ready()
+  with pytest.raises(Exception, match="budget_B must lie in"):
+    gate(jnp.asarray([1, 4])).block_until_ready()
