@@ -1,4 +1,4 @@
-"""grain pipeline: deterministic documents, mixture, crops, step-batch iterator resume and shards."""
+"""grain pipeline: deterministic documents, mixture, crops, step-batch iterator resume, shards."""
 
 import json
 import sys

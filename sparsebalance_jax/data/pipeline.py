@@ -41,7 +41,6 @@ from sparsebalance_jax.data.tokenizer import TOKENIZER_KINDS, make_tokenizer
 
 # Per-source rng tags: the same document index in two sources draws unrelated content.
 _TEXT, _SYNTHETIC, _JSONL = 1, 2, 3
-STEP_KEYS = ("inputs", "targets", "loss_mask", "segment_ids", "positions", "budgets")
 
 
 @dataclasses.dataclass(frozen=True)
