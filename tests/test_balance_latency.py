@@ -1,0 +1,108 @@
+"""Latency models: analytic block counts, table interpolation, missing-table error, EMA."""
+
+import json
+
+import numpy as np
+import pytest
+
+from sparsebalance_jax.balance import latency
+
+SHAPE = latency.LayerShape(d_model=64, num_heads=4, num_kv_heads=2, head_dim=16, mlp_dim=128,
+                           block_size=16)
+
+
+def _brute_attended(n, k, block):
+    nb = -(-n // block)
+    return sum(min(k, i + 1) for i in range(nb)), sum(i for i in range(nb))
+
+
+def test_block_counts_match_brute_force():
+    rng = np.random.default_rng()
+    lengths = rng.integers(1, 2000, size=50)
+    budgets = rng.integers(1, 40, size=50)
+    got = latency.attended_blocks(lengths, budgets, 16)
+    gated = latency.gated_blocks(lengths, 16)
+    for n, k, a, g in zip(lengths, budgets, got, gated):
+        assert (a, g) == _brute_attended(int(n), int(k), 16)
+
+
+def test_predict_adds_documents_and_padding():
+    model = latency.AnalyticLatencyModel(SHAPE)
+    lengths = np.array([100, 37, 250])
+    whole = model.predict(lengths, 3, padded_tokens=512)
+    parts = sum(model.predict([n], 3) for n in lengths)
+    assert whole == pytest.approx(parts + (512 - lengths.sum()) * model.pad_seconds_per_token,
+                                  rel=1e-12)
+    batch = model.predict_batch(np.array([[100, 37, 250], [5, 0, 0]]), np.array([3, 1]),
+                                padded_tokens=512)
+    assert batch[0] == pytest.approx(whole, rel=1e-12)
+    assert batch[1] == pytest.approx(model.predict([5], 1, padded_tokens=512), rel=1e-12)
+    with pytest.raises(ValueError, match="padded_tokens"):
+        model.predict([600], 3, padded_tokens=512)
+
+
+def test_analytic_cost_grows_with_budget_only_past_the_budget():
+    model = latency.AnalyticLatencyModel(SHAPE)
+    # A document of 2 blocks attends to at most 2 blocks: budgets beyond that change nothing.
+    assert model.predict([32], 2) == model.predict([32], 8)
+    assert model.predict([320], 2) < model.predict([320], 8)
+
+
+def _table(rng):
+    lengths = (64, 128, 512)
+    budgets = (1, 4, 8)
+    seconds = rng.uniform(1.0, 2.0, size=(3, 3)).cumsum(axis=0).cumsum(axis=1)
+    return latency.LatencyTable(device_kind="cpu", shape=SHAPE, lengths=lengths, budgets=budgets,
+                                seconds_LK=tuple(map(tuple, seconds)), pad_seconds_per_token=1e-3)
+
+
+def test_profiled_model_interpolates_bilinearly():
+    table = _table(np.random.default_rng())
+    model = latency.ProfiledLatencyModel(table)
+    s = np.asarray(table.seconds_LK)
+    for i, n in enumerate(table.lengths):
+        for j, k in enumerate(table.budgets):
+            assert model.predict([n], k) == pytest.approx(s[i, j], rel=1e-12)
+    # Midway in both: the mean of the four corners.
+    assert model.predict([96], 2.5) == pytest.approx(s[:2, :2].mean(), rel=1e-12)
+    # Below the first length: linear to zero at length 0.
+    assert model.predict([32], 1) == pytest.approx(s[0, 0] / 2, rel=1e-12)
+    # Past the last length: the last segment extends.
+    slope = (s[2, 2] - s[1, 2]) / (512 - 128)
+    assert model.predict([1024], 8) == pytest.approx(s[2, 2] + 512 * slope, rel=1e-12)
+    with pytest.raises(ValueError, match="profiled range"):
+        model.predict([100], 9)
+
+
+def test_table_round_trip_and_missing_table_names_the_command(tmp_path):
+    table = _table(np.random.default_rng())
+    path = str(tmp_path / "latency.json")
+    with pytest.raises(FileNotFoundError, match="experiments.profile_latency --config="):
+        latency.ProfiledLatencyModel.load(path, "cpu", SHAPE)
+    latency.save_table(path, table)
+    loaded = latency.ProfiledLatencyModel.load(path, "cpu", SHAPE)
+    assert loaded.table == table
+    with pytest.raises(KeyError, match="experiments.profile_latency --config="):
+        latency.ProfiledLatencyModel.load(path, "NVIDIA H200", SHAPE)
+    with open(path) as f:
+        assert list(json.load(f)["tables"]) == [latency.table_key("cpu", SHAPE)]
+
+
+def test_ema_correction_first_sets_then_blends_and_round_trips():
+    ema = latency.EmaCorrection(3, decay=0.5)
+    predicted = np.array([1.0, 2.0, 4.0])
+    ema.update(np.array([2.0, 2.0, 2.0]), predicted)
+    np.testing.assert_allclose(ema.ratio_S, [2.0, 1.0, 0.5])
+    ema.update(np.array([1.0, 2.0, 4.0]), predicted)
+    np.testing.assert_allclose(ema.ratio_S, [1.5, 1.0, 0.75])
+    np.testing.assert_allclose(ema.correct(predicted), [1.5, 2.0, 3.0])
+    other = latency.EmaCorrection(3, decay=0.5)
+    other.load_state_dict(ema.state_dict())
+    np.testing.assert_array_equal(other.ratio_S, ema.ratio_S)
+    with pytest.raises(ValueError, match="3 shards"):
+        latency.EmaCorrection(4).load_state_dict(ema.state_dict())
+
+
+def test_make_latency_model_rejects_unknown_kind():
+    with pytest.raises(ValueError, match="'flops'"):
+        latency.make_latency_model("flops", SHAPE)
