@@ -51,6 +51,33 @@ def apply_rope(x_BTHD, positions_BT, theta: float):
     return out.astype(x_BTHD.dtype)
 
 
+class Linear(nn.Module):
+    """Contracts the last `in_dims` axes of x with a kernel whose axes carry logical names.
+
+    (flax's DenseGeneral initialises multi-axis kernels flat and reshapes them, which breaks
+    their logical sharding annotation; this keeps the kernel in its true shape.)
+    """
+
+    out_shape: tuple[int, ...]
+    axes: tuple[str, ...]
+    in_dims: int = 1
+    bias_axes: tuple[str, ...] | None = None
+    dtype: str = "float32"
+    param_dtype: str = "float32"
+
+    @nn.compact
+    def __call__(self, x):
+        shape = x.shape[x.ndim - self.in_dims:] + tuple(self.out_shape)
+        kernel = self.param("kernel", _init(self.axes), shape, _dtype(self.param_dtype))
+        y = jnp.tensordot(x.astype(self.dtype), kernel.astype(self.dtype), axes=self.in_dims)
+        if self.bias_axes is not None:
+            bias = self.param("bias", nn.with_logical_partitioning(
+                nn.initializers.zeros, self.bias_axes), tuple(self.out_shape),
+                _dtype(self.param_dtype))
+            y = y + bias.astype(self.dtype)
+        return y
+
+
 class Attention(nn.Module):
     model: ModelConfig
     attention: AttentionConfig
@@ -59,15 +86,13 @@ class Attention(nn.Module):
     @nn.compact
     def __call__(self, x_BTE, segment_ids_BT, positions_BT, budget_B):
         m = self.model
-        dense = dict(dtype=_dtype(m.compute_dtype), param_dtype=_dtype(m.param_dtype))
+        dt = dict(dtype=m.compute_dtype, param_dtype=m.param_dtype)
         # Qwen2-style projections: biases on q, k, v, none on the output.
-        q_BTHD = nn.DenseGeneral((m.num_heads, m.head_dim), kernel_init=_init(
-            ("embed", "heads", "head_dim")), bias_init=nn.with_logical_partitioning(
-            nn.initializers.zeros, ("heads", "head_dim")), name="q", **dense)(x_BTE)
-        kv = dict(kernel_init=_init(("embed", "kv_heads", "head_dim")), bias_init=(
-            nn.with_logical_partitioning(nn.initializers.zeros, ("kv_heads", "head_dim"))), **dense)
-        k_BTKD = nn.DenseGeneral((m.num_kv_heads, m.head_dim), name="k", **kv)(x_BTE)
-        v_BTKD = nn.DenseGeneral((m.num_kv_heads, m.head_dim), name="v", **kv)(x_BTE)
+        q_BTHD = Linear((m.num_heads, m.head_dim), ("embed", "heads", "head_dim"),
+                        bias_axes=("heads", "head_dim"), name="q", **dt)(x_BTE)
+        kv = dict(axes=("embed", "kv_heads", "head_dim"), bias_axes=("kv_heads", "head_dim"), **dt)
+        k_BTKD = Linear((m.num_kv_heads, m.head_dim), name="k", **kv)(x_BTE)
+        v_BTKD = Linear((m.num_kv_heads, m.head_dim), name="v", **kv)(x_BTE)
         q_BTHD = apply_rope(q_BTHD, positions_BT, m.rope_theta)
         k_BTKD = apply_rope(k_BTKD, positions_BT, m.rope_theta)
         q_BTHD = nn.with_logical_constraint(q_BTHD, ("act_batch", "act_seq", "act_heads", None))
@@ -75,8 +100,8 @@ class Attention(nn.Module):
         v_BTKD = nn.with_logical_constraint(v_BTKD, ("act_batch", "act_seq", "act_kv_heads", None))
         out_BTHD = attention_op(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, budget_B,
                                 cfg=self.attention, k_max=self.k_max)
-        return nn.DenseGeneral(m.d_model, axis=(-2, -1), use_bias=False, kernel_init=_init(
-            ("heads", "head_dim", "embed")), name="o", **dense)(out_BTHD)
+        return Linear((m.d_model,), ("heads", "head_dim", "embed"), in_dims=2, name="o",
+                      **dt)(out_BTHD)
 
 
 class SwiGLU(nn.Module):
@@ -85,12 +110,12 @@ class SwiGLU(nn.Module):
     @nn.compact
     def __call__(self, x_BTE):
         m = self.model
-        dense = dict(use_bias=False, dtype=_dtype(m.compute_dtype), param_dtype=_dtype(m.param_dtype))
-        gate_BTF = nn.Dense(m.mlp_dim, kernel_init=_init(("embed", "mlp")), name="gate", **dense)(x_BTE)
-        up_BTF = nn.Dense(m.mlp_dim, kernel_init=_init(("embed", "mlp")), name="up", **dense)(x_BTE)
+        dt = dict(dtype=m.compute_dtype, param_dtype=m.param_dtype)
+        gate_BTF = Linear((m.mlp_dim,), ("embed", "mlp"), name="gate", **dt)(x_BTE)
+        up_BTF = Linear((m.mlp_dim,), ("embed", "mlp"), name="up", **dt)(x_BTE)
         h_BTF = nn.with_logical_constraint(nn.silu(gate_BTF) * up_BTF,
                                            ("act_batch", "act_seq", "act_mlp"))
-        return nn.Dense(m.d_model, kernel_init=_init(("mlp", "embed")), name="down", **dense)(h_BTF)
+        return Linear((m.d_model,), ("mlp", "embed"), name="down", **dt)(h_BTF)
 
 
 class DecoderLayer(nn.Module):
@@ -139,9 +164,8 @@ class Transformer(nn.Module):
         x_BTE, _ = stack(m, self.attention, self.k_max, name="layers")(
             x_BTE, segment_ids_BT, positions_BT, budget_B, scales_L)
         x_BTE = RMSNorm(m.rms_eps, m.param_dtype, m.compute_dtype, name="final_norm")(x_BTE)
-        logits_BTV = nn.Dense(m.vocab_size, use_bias=False, kernel_init=_init(("embed", "vocab")),
-                              dtype=jnp.float32, param_dtype=_dtype(m.param_dtype),
-                              name="lm_head")(x_BTE)
+        logits_BTV = Linear((m.vocab_size,), ("embed", "vocab"), dtype="float32",
+                            param_dtype=m.param_dtype, name="lm_head")(x_BTE)
         return nn.with_logical_constraint(logits_BTV, ("act_batch", "act_seq", "act_vocab"))
 
 

@@ -47,7 +47,7 @@ def train_step(state, batch, *, model: Transformer):
     denom = jnp.maximum(count, 1.0)
     grads = jax.tree.map(lambda g: g / denom, grads)
     new_state = state.apply_gradients(grads=grads)
-    metrics = dict(loss=loss_sum / denom, tokens=count, grad_norm=optax.global_norm(grads))
+    metrics = dict(loss=loss_sum / denom, tokens=count, grad_norm=optax.tree.norm(grads))
     return new_state, metrics
 
 

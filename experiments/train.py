@@ -1,0 +1,19 @@
+"""Train: `python -m experiments.train --config=configs/longbench.py [--config.a.b=value]`."""
+
+from absl import app
+from ml_collections import config_flags
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a get_config() file.",
+                                          lock_config=True)
+
+
+def main(argv):
+    del argv
+    from sparsebalance_jax.training import launch
+
+    launch.request_host_devices(_CONFIG.value)
+    launch.run(_CONFIG.value)
+
+
+if __name__ == "__main__":
+    app.run(main)

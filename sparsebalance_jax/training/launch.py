@@ -1,0 +1,48 @@
+"""From an ml_collections config to a running job: devices, typed config, data, balancer, loop."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+
+from sparsebalance_jax.config import Config, from_config_dict
+from sparsebalance_jax.training.budgets import FixedBudgets
+from sparsebalance_jax.training.loop import describe, train
+
+
+def request_host_devices(raw) -> None:
+    """On CPU, expose as many host devices as the config's mesh asks for (default 1).
+
+    Must run before JAX starts its backends; it has no effect on GPU devices.
+    """
+    mesh = raw["mesh"]
+    sizes = [mesh["data"], mesh["fsdp"], mesh["tensor"]]
+    if all(s > 0 for s in sizes):
+        jax.config.update("jax_num_cpu_devices", sizes[0] * sizes[1] * sizes[2])
+
+
+def data_spec(cfg: Config):
+    from sparsebalance_jax.data.pipeline import DataSpec
+
+    names = {f.name for f in dataclasses.fields(DataSpec)}
+    return DataSpec(**{k: v for k, v in dataclasses.asdict(cfg.data).items() if k in names})
+
+
+def data_iterator(cfg: Config, cost_model=None):
+    from sparsebalance_jax.data.pipeline import train_iterator
+
+    d = cfg.data
+    return train_iterator(
+        data_spec(cfg), d.seed, num_shards=cfg.num_data_shards, micro_batches=d.micro_batches,
+        rows_per_micro_batch=d.rows_per_micro_batch, row_len=d.seq_len,
+        block_size=cfg.attention.block_size, base_budget=cfg.attention.budget,
+        batcher=d.batcher, shard_index=jax.process_index(), shard_count=jax.process_count(),
+        window=d.window, cost_model=cost_model)
+
+
+def run(raw) -> dict:
+    """Validates `raw` (a get_config() ConfigDict) against the devices, then trains."""
+    cfg = from_config_dict(raw, device_count=jax.device_count())
+    print(describe(cfg), flush=True)
+    return train(cfg, data_iterator(cfg), FixedBudgets(cfg.k_max))
