@@ -10,10 +10,10 @@ import pytest
 
 from sparsebalance_jax.data import documents, packing
 from sparsebalance_jax.data.pipeline import DataSpec, document_dataset, train_iterator
-from sparsebalance_jax.data.tokenizer import EOS_ID, make_tokenizer
+from sparsebalance_jax.data.tokenizer import ASSISTANT_ID, EOS_ID, make_tokenizer
 
 TOK = make_tokenizer("bytes")
-SMALL = dict(length_distribution="chatqa2", length_scale=1 / 32, min_doc_len=16, max_doc_len=256)
+SMALL = dict(length_distribution="chatqa2", length_scale=1 / 32, min_doc_len=16, max_doc_len=512)
 
 
 def _docs(spec, seed, n, start=0, counter=None):
@@ -38,7 +38,8 @@ def _conversations(tmp_path, n, long_every=0):
 
 def test_documents_deterministic_given_seed(tmp_path):
     spec = DataSpec(text_weight=0.5, synthetic_weight=0.3, jsonl_weight=0.2,
-                    jsonl_paths=(_conversations(tmp_path, 7),), **SMALL)
+                    jsonl_paths=(_conversations(tmp_path, 7),), synthetic_tasks=("needle",),
+                    **SMALL)
     seed = int(np.random.default_rng().integers(2**31))
     a, b, c = _docs(spec, seed, 30), _docs(spec, seed, 30), _docs(spec, seed + 1, 30)
     assert all(_same(x, y) for x, y in zip(a, b))
@@ -66,10 +67,24 @@ def test_long_records_cropped_explicitly_and_counted(tmp_path):
                     **SMALL)
     counter = documents.CropCounter()
     docs = _docs(spec, 0, 6, counter=counter)
-    assert counter.count == 2  # records 0 and 3 are ~740 tokens, max_doc_len is 256
-    assert max(len(d["inputs"]) for d in docs) == 256
+    assert counter.count == 2  # records 0 and 3 are ~740 tokens, max_doc_len is 512
+    assert max(len(d["inputs"]) for d in docs) == 512
     for d in docs:  # the tail (the answer and its EOS) survives a crop
         assert d["targets"][-1] == EOS_ID and d["loss_mask"].sum() > 5
+
+
+def test_synthetic_documents_train_on_the_answer_only():
+    spec = DataSpec(text_weight=0, synthetic_weight=1, **{**SMALL, "max_doc_len": 1024})
+    counter = documents.CropCounter()
+    for d in _docs(spec, 11, 20, counter=counter):
+        assert documents.validate_document(d) <= 1024 and d["targets"][-1] == EOS_ID
+        trained = np.flatnonzero(d["loss_mask"])
+        # One contiguous span at the end, right after the ASSISTANT id: answer + EOS.
+        assert np.array_equal(trained, np.arange(trained[0], len(d["inputs"])))
+        assert d["inputs"][trained[0]] == ASSISTANT_ID and 2 <= len(trained) < 80
+    assert counter.count == 0
+    with pytest.raises(ValueError, match="DataSpec.synthetic_tasks: task 'multikey'"):
+        document_dataset(DataSpec(synthetic_weight=1, **SMALL), 0)
 
 
 def test_spec_errors_name_the_field():
@@ -122,7 +137,7 @@ def sequential_batcher(monkeypatch):
     monkeypatch.setitem(sys.modules, "sparsebalance_jax.data.batching", module)
 
 
-GEOMETRY = dict(num_shards=4, micro_batches=2, rows_per_micro_batch=2, row_len=256,
+GEOMETRY = dict(num_shards=4, micro_batches=2, rows_per_micro_batch=2, row_len=512,
                 block_size=32, base_budget=3)
 
 
@@ -144,7 +159,7 @@ def test_iterator_shapes_and_state_round_trip(sequential_batcher):
     it = train_iterator(spec, seed, **GEOMETRY, cost_model=None)
     first = _steps(it, 2)
     step = first[0]
-    assert step["inputs"].shape == (4, 2, 2, 256) and step["inputs"].dtype == np.int32
+    assert step["inputs"].shape == (4, 2, 2, 512) and step["inputs"].dtype == np.int32
     assert step["loss_mask"].dtype == np.float32 and step["budgets"].shape == (4, 2, 2)
     state = it.get_state()
     expected = _steps(it, 3)
@@ -167,7 +182,7 @@ def test_process_shards_are_slices_of_the_global_step(sequential_batcher):
     with pytest.raises(ValueError, match="multiple of shard_count"):
         train_iterator(spec, 5, **GEOMETRY, cost_model=None, shard_count=3)
     with pytest.raises(ValueError, match="max_doc_len"):
-        train_iterator(DataSpec(**{**SMALL, "max_doc_len": 512}), 5, **GEOMETRY, cost_model=None)
+        train_iterator(DataSpec(**{**SMALL, "max_doc_len": 1024}), 5, **GEOMETRY, cost_model=None)
 
 
 def test_real_lbb_batcher_resumes_identically():
@@ -183,4 +198,4 @@ def test_real_lbb_batcher_resumes_identically():
     resumed = train_iterator(spec, 1, **kw)
     resumed.set_state(state)
     _assert_steps_equal(_steps(resumed, 3), expected)
-    assert expected[0]["inputs"].shape == (4, 2, 2, 256)
+    assert expected[0]["inputs"].shape == (4, 2, 2, 512)

@@ -121,7 +121,11 @@ def document_dataset(spec: DataSpec, seed: int, *,
                      crop_counter: CropCounter | None = None) -> grain.MapDataset:
     """Unbounded, deterministic, random-access MapDataset of documents (see module doc)."""
     if spec.synthetic_weight > 0:  # Fail at start, not in a reader thread mid-run.
-        importlib.import_module("sparsebalance_jax.data.synthetic")
+        for task in spec.synthetic_tasks:
+            smallest = sources.min_synthetic_tokens(task)
+            _require(smallest <= spec.max_doc_len, "synthetic_tasks",
+                     f"task {task!r} needs ~{smallest} tokens, more than max_doc_len="
+                     f"{spec.max_doc_len}: cropping would cut its facts")
     parts, weights = [], []
     for tag, weight in ((_TEXT, spec.text_weight), (_SYNTHETIC, spec.synthetic_weight)):
         if weight > 0:

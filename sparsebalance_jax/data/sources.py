@@ -101,6 +101,18 @@ def text_document(corpus: TextCorpus, tokenizer: Tokenizer, rng: np.random.Gener
     return documents.make_document(*documents.text_tokens(body, tokenizer))
 
 
+def _min_target_chars(task: str) -> int:
+    # `synthetic.min_target_chars` is measured at one seed and varies by draw (key and word
+    # lengths), hence 25% headroom.
+    synthetic = importlib.import_module("sparsebalance_jax.data.synthetic")
+    return int(synthetic.min_target_chars(task) * 1.25)
+
+
+def min_synthetic_tokens(task: str) -> int:
+    """Tokens of the shortest document `synthetic_document` makes for `task` (ASCII text)."""
+    return _min_target_chars(task) + 3
+
+
 def synthetic_document(corpus: TextCorpus, tokenizer: Tokenizer, rng: np.random.Generator,
                        length: int, tasks: Sequence[str]) -> Document:
     """A synthetic task of about `length` tokens (at most `length` for ASCII haystack text;
@@ -109,9 +121,8 @@ def synthetic_document(corpus: TextCorpus, tokenizer: Tokenizer, rng: np.random.
     task = tasks[int(rng.integers(len(tasks)))]
     # n = 3 structural ids (BOS, USER, ASSISTANT; EOS is only a target) + the UTF-8 bytes of
     # prompt + answer, which `generate` keeps just under target_chars characters; 2% headroom
-    # for multi-byte characters. Tasks have a minimum size, which may exceed short draws; it is
-    # measured at one seed and varies by draw (word lengths), hence the 25% headroom.
-    target_chars = max(int((length - 3) * 0.98), int(synthetic.min_target_chars(task) * 1.25))
+    # for multi-byte characters. Short draws are raised to the task's minimum size.
+    target_chars = max(int((length - 3) * 0.98), _min_target_chars(task))
     example = synthetic.generate(task, rng, corpus.articles, target_chars)
     turns = [("user", example.prompt), ("assistant", example.answer)]
     return documents.make_document(*documents.chat_tokens(turns, tokenizer))
