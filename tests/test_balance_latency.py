@@ -76,16 +76,16 @@ def test_profiled_model_interpolates_bilinearly():
 
 def test_table_round_trip_and_missing_table_names_the_command(tmp_path):
     table = _table(np.random.default_rng())
-    path = str(tmp_path / "latency.json")
+    folder = str(tmp_path / "tables")
     with pytest.raises(FileNotFoundError, match="experiments.profile_latency --config="):
-        latency.ProfiledLatencyModel.load(path, "cpu", SHAPE)
-    latency.save_table(path, table)
-    loaded = latency.ProfiledLatencyModel.load(path, "cpu", SHAPE)
+        latency.ProfiledLatencyModel.load(folder, "cpu", SHAPE)
+    path = latency.save_table(folder, table)
+    loaded = latency.ProfiledLatencyModel.load(folder, "cpu", SHAPE)
     assert loaded.table == table
-    with pytest.raises(KeyError, match="experiments.profile_latency --config="):
-        latency.ProfiledLatencyModel.load(path, "NVIDIA H200", SHAPE)
+    with pytest.raises(FileNotFoundError, match="experiments.profile_latency --config="):
+        latency.ProfiledLatencyModel.load(folder, "NVIDIA H200", SHAPE)
     with open(path) as f:
-        assert list(json.load(f)["tables"]) == [latency.table_key("cpu", SHAPE)]
+        assert json.load(f)["device_kind"] == "cpu"
 
 
 def test_ema_correction_first_sets_then_blends_and_round_trips():

@@ -54,9 +54,15 @@ def test_change_bounded_by_p(p):
         load = rng.uniform(0.1, 10.0, size=8)  # far apart: every unit wants the extremes
         table, fn = _table(load)
         budgets = tuner.decide(table[:, BASE], BASE, None, fn, _config(p=p))
-        assert np.all(np.abs(budgets - BASE) <= p * BASE + 1e-9)
-        assert budgets.min() == math.ceil(BASE * (1 - p) - 1e-9)
-        assert budgets.max() == math.floor(BASE * (1 + p) + 1e-9)
+        step = math.ceil(p * BASE - 1e-9)
+        assert np.all(np.abs(budgets - BASE) <= step)
+        assert budgets.min() == BASE - step and budgets.max() == BASE + step
+
+
+def test_small_base_can_still_move_one_block():
+    table, fn = _table(np.array([1.0, 2.0]))
+    budgets = tuner.decide(table[:, 3], 3, None, fn, _config(p=0.1))
+    np.testing.assert_array_equal(budgets, [4, 2])
 
 
 def test_coverage_floor_stops_decreases_only():

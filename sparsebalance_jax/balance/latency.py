@@ -18,7 +18,8 @@ imbalance ratios (every shard pays it) but not which assignment is best.
   work of a document with nb = ceil(n / block) blocks is, per query block i, min(k, i + 1)
   key blocks (top-(k-1) earlier blocks plus its own), plus gate scoring of the i earlier blocks.
 - `ProfiledLatencyModel`: a table of measured doc_seconds(n, k) on one device and layer shape
-  (made by `python -m experiments.profile_latency`), bilinear interpolation in (length, budget).
+  (made by `python -m experiments.profile_latency`; one JSON file per device kind and layer shape in a
+  tables folder), bilinear interpolation in (length, budget).
 - `EmaCorrection`: per shard, an EMA of measured / predicted ratios that scales predictions
   (FLOP counts and even tables drift from the real step: launch overheads, the collective,
   thermal state), with a checkpointable state dict.
@@ -199,33 +200,33 @@ class LatencyTable:
                    pad_seconds_per_token=float(d["pad_seconds_per_token"]))
 
 
-def table_key(device_kind: str, shape: LayerShape) -> str:
-    return f"{device_kind}|{shape.key()}"
+def table_path(table_dir: str, device_kind: str, shape: LayerShape) -> str:
+    """One JSON file per (device kind, layer shape) in the tables folder."""
+    device = "".join(c if c.isalnum() else "_" for c in device_kind)
+    return os.path.join(table_dir, f"{device}__{shape.key()}.json")
 
 
-def save_table(path: str, table: LatencyTable) -> None:
-    """Add (or replace) one device/shape entry in the JSON file at `path`."""
-    tables = {}
-    if os.path.exists(path):
-        with open(path) as f:
-            tables = json.load(f)["tables"]
-    tables[table_key(table.device_kind, table.shape)] = table.to_json_dict()
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+def save_table(table_dir: str, table: LatencyTable) -> str:
+    path = table_path(table_dir, table.device_kind, table.shape)
+    os.makedirs(table_dir, exist_ok=True)
     with open(path, "w") as f:
-        json.dump({"tables": tables}, f, indent=1, sort_keys=True)
+        json.dump(table.to_json_dict(), f, indent=1)
+    return path
 
 
-def load_table(path: str, device_kind: str, shape: LayerShape) -> LatencyTable:
-    key = table_key(device_kind, shape)
+def load_table(table_dir: str, device_kind: str, shape: LayerShape) -> LatencyTable:
+    path = table_path(table_dir, device_kind, shape)
     if not os.path.exists(path):
-        raise FileNotFoundError(f"no latency table file {path!r}; make the table for {key!r} "
-                                f"on that device with `{PROFILE_COMMAND}`")
+        raise FileNotFoundError(
+            f"no latency table {path!r} for device {device_kind!r} and layer shape "
+            f"{shape.key()}; make it on that device with `{PROFILE_COMMAND}` (or use the "
+            "analytic latency model)")
     with open(path) as f:
-        tables = json.load(f)["tables"]
-    if key not in tables:
-        raise KeyError(f"latency table file {path!r} has no entry {key!r} (has {sorted(tables)}); "
-                       f"make it on that device with `{PROFILE_COMMAND}`")
-    return LatencyTable.from_json_dict(tables[key])
+        table = LatencyTable.from_json_dict(json.load(f))
+    if table.device_kind != device_kind or table.shape != shape:
+        raise ValueError(f"{path!r} holds a table for {table.device_kind!r} / "
+                         f"{table.shape.key()}, not {device_kind!r} / {shape.key()}")
+    return table
 
 
 def _bracket(grid: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -254,8 +255,8 @@ class ProfiledLatencyModel(LatencyModel):
         self._budgets = np.asarray(table.budgets, dtype=np.float64)
 
     @classmethod
-    def load(cls, path: str, device_kind: str, shape: LayerShape) -> ProfiledLatencyModel:
-        return cls(load_table(path, device_kind, shape))
+    def load(cls, table_dir: str, device_kind: str, shape: LayerShape) -> ProfiledLatencyModel:
+        return cls(load_table(table_dir, device_kind, shape))
 
     def doc_seconds(self, lengths_N, budget):
         lengths_N = np.asarray(lengths_N, dtype=np.float64)
@@ -317,14 +318,15 @@ class EmaCorrection:
         self.count_S = np.asarray(state["count_S"], dtype=np.int64).copy()
 
 
-def make_latency_model(kind: str, shape: LayerShape, *, table_path: str = "",
+def make_latency_model(kind: str, shape: LayerShape, *, table_dir: str = "",
                        device_kind: str = "") -> LatencyModel:
-    """'analytic' or 'profiled' (the latter needs the table file and the device kind)."""
+    """'analytic' or 'profiled' (the latter needs the tables folder and the device kind,
+    e.g. `jax.devices()[0].device_kind`)."""
     if kind == "analytic":
         return AnalyticLatencyModel(shape)
     if kind == "profiled":
-        if not table_path or not device_kind:
-            raise ValueError("a profiled latency model needs table_path and device_kind")
-        return ProfiledLatencyModel.load(table_path, device_kind, shape)
+        if not table_dir or not device_kind:
+            raise ValueError("a profiled latency model needs table_dir and device_kind")
+        return ProfiledLatencyModel.load(table_dir, device_kind, shape)
     raise ValueError(f"latency model kind {kind!r} not in ('analytic', 'profiled')")
 

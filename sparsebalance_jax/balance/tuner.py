@@ -9,8 +9,10 @@ shards, or data shards x micro-batches flattened; `decide` only sees a flat axis
 The decision, per unit s with predicted latency L_s at the base budget b and anchor A
 (mean, min or max of the L_s):
 
-1. Bounds: budgets stay within [lo, hi] = [ceil(b (1 - p)), floor(b (1 + p))], so a change
-   never exceeds p * b in either direction, and within [1, max bucket].
+1. Bounds: a budget moves by at most ceil(p * b) either way, and stays within [1, max
+   bucket]: [lo, hi] = [max(1, b - ceil(p b)), min(k_max, b + ceil(p b))]. Rounding up keeps
+   small bases movable (b = 3, p = 0.3 may move by one block), so the bound is p * b rounded
+   up to whole blocks.
 2. Toward the anchor without passing it: a straggler (L_s > A) takes the largest budget
    b' <= b whose predicted latency is <= A (or lo if none is); a light unit (L_s < A) takes the
    largest b' >= b whose latency is still <= A (it fills its bubble, never becoming the new
@@ -77,9 +79,8 @@ def bucket_for(budgets: np.ndarray, buckets: tuple[int, ...]) -> int:
 
 
 def budget_bounds(base_budget: int, p: float, k_max: int) -> tuple[int, int]:
-    lo = max(1, math.ceil(base_budget * (1.0 - p) - 1e-9))
-    hi = min(k_max, math.floor(base_budget * (1.0 + p) + 1e-9))
-    return lo, max(lo, hi)
+    step = math.ceil(p * base_budget - 1e-9)  # tolerance: 0.3 * 20 is 6.000000000000001
+    return max(1, base_budget - step), min(k_max, base_budget + step)
 
 
 def anchor_latency(predicted_S: np.ndarray, anchor: str) -> float:

@@ -465,3 +465,22 @@ def make_batcher(name: str, parent: grain.IterDataset, *, num_shards: int, micro
                             align=align)
     return BatcherDataset(parent, method=name, geometry=geometry, base_budget=base_budget,
                           window=window, cost_model=cost_model, seed=seed, fill=fill)
+
+
+def simulate_imbalance(method: str, lengths: np.ndarray, geometry: StepGeometry,
+                       cost_model: LatencyModel, base_budget: int, window: int, seed: int,
+                       fill: float = DEFAULT_FILL) -> np.ndarray:
+    """Predicted imbalance (max / mean shard seconds) of every step the iterator would emit for
+    a stream of document lengths, without packing tokens; float64 [steps]. The stream's last
+    window is left out: it is the epoch's partial tail, whose empty bins no method can fill."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    ratios = []
+    for w, idx in enumerate(split_windows(lengths, geometry, window, fill)[:-1]):
+        plan = plan_window(method, lengths[idx], geometry, cost_model, base_budget,
+                           np.random.default_rng([seed, w]), fill)
+        seconds_TS = predicted_step_seconds(plan, lengths[idx], geometry, cost_model,
+                                            base_budget)
+        ratios.append(seconds_TS.max(axis=1) / seconds_TS.mean(axis=1))
+    if not ratios:
+        raise ValueError("the stream forms a single window; give it more documents")
+    return np.concatenate(ratios)
