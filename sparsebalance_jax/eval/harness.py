@@ -1,0 +1,346 @@
+"""Scoring a model on the synthetic suite and on LongBench; the result table and JSON.
+
+Inputs are laid out exactly as the training data lays out a task (see
+`sparsebalance_jax.data.documents.chat_tokens`): BOS, USER, prompt, ASSISTANT, then the
+answer and EOS. Two modes:
+
+- teacher_forced (default): one forward pass over prompt + answer + EOS. An example is
+  correct when the greedy argmax at every answer position equals the answer token,
+  EOS included (exact match of the whole answer span, so also "stops after it"); the
+  mean answer-token NLL (nats/token, over the same span) is reported beside it.
+- greedy: decode up to the task's token budget, stopping at EOS. There is no KV cache:
+  each new token re-runs the full forward pass over a fixed padded buffer, so a
+  decode costs O(new tokens x sequence) work; that is why teacher forcing is the
+  default. Synthetic items are then scored by normalised exact match of the first
+  line, LongBench items by the task's LongBench metric.
+
+Rows are right-padded to a multiple of `seq_multiple` (the attention block size) with
+PAD tokens in segment 0; attention is causal and never crosses segments, so padding
+does not change the logits of real tokens. One jitted program per padded shape.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from sparsebalance_jax.data.tokenizer import Tokenizer
+from sparsebalance_jax.eval import longbench, suite
+
+MODES = ("teacher_forced", "greedy")
+TF_METRIC = "exact match of greedy argmax over answer+EOS under teacher forcing (x100)"
+
+# apply_fn(params, inputs_BT, segment_ids_BT, positions_BT, budget_B) -> logits_BTV float32.
+ApplyFn = Callable[..., jax.Array]
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalSettings:
+    mode: str  # one of MODES
+    batch_size: int  # rows per forward pass
+    seq_multiple: int  # padded lengths are multiples of this (the attention block size)
+    min_seq_len: int  # shortest padded row: MoBA needs at least k_max blocks
+    budget: int  # MoBA budget (blocks per query) given to every row
+    max_seq_len: int  # longest row the model is run on; longer LongBench prompts are
+    # truncated in the middle, a longer synthetic item is an error
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise ValueError(f"mode: {self.mode!r} is not one of {MODES}")
+        if min(self.batch_size, self.seq_multiple, self.min_seq_len, self.max_seq_len) < 1:
+            raise ValueError("batch_size, seq_multiple, min_seq_len and max_seq_len must be "
+                             "positive")
+
+
+@dataclasses.dataclass(frozen=True)
+class ExampleResult:
+    suite: str  # "synthetic" or "longbench"
+    task: str
+    bucket: str  # synthetic: target length in characters; LongBench: LongBench-E bucket
+    score: float  # in [0, 1]
+    nll: float | None  # mean answer-token NLL (teacher_forced only)
+    prediction: str | None  # decoded text (greedy only)
+
+
+class Scorer:
+    """Jitted forward passes of one model: teacher-forced statistics and greedy steps."""
+
+    def __init__(self, apply_fn: ApplyFn, params: Any, tokenizer: Tokenizer,
+                 settings: EvalSettings):
+        self.params = params
+        self.tokenizer = tokenizer
+        self.settings = settings
+
+        def tf_stats(params, inputs_BT, segment_ids_BT, positions_BT, budget_B, targets_BT,
+                     mask_BT):
+            logits_BTV = apply_fn(params, inputs_BT, segment_ids_BT, positions_BT, budget_B)
+            logz_BT = jax.nn.logsumexp(logits_BTV, axis=-1)
+            gold_BT = jnp.take_along_axis(logits_BTV, targets_BT[..., None], axis=-1)[..., 0]
+            nll_B = jnp.sum((logz_BT - gold_BT) * mask_BT, axis=-1)
+            wrong_B = jnp.sum((jnp.argmax(logits_BTV, axis=-1) != targets_BT) & (mask_BT > 0),
+                              axis=-1)
+            return nll_B, wrong_B, jnp.sum(mask_BT, axis=-1)
+
+        def next_tokens(params, inputs_BT, segment_ids_BT, positions_BT, budget_B, last_B):
+            logits_BTV = apply_fn(params, inputs_BT, segment_ids_BT, positions_BT, budget_B)
+            rows_B = jnp.arange(logits_BTV.shape[0])
+            return jnp.argmax(logits_BTV[rows_B, last_B], axis=-1).astype(jnp.int32)
+
+        self._tf_stats = jax.jit(tf_stats)
+        self._next_tokens = jax.jit(next_tokens)
+
+    def _prompt_ids(self, prompt_ids: np.ndarray) -> np.ndarray:
+        s = self.tokenizer.special
+        return np.concatenate([[s.bos, s.user], prompt_ids, [s.assistant]]).astype(np.int32)
+
+    def _padded(self, n: int) -> int:
+        m = self.settings.seq_multiple
+        return max(-(-n // m) * m, self.settings.min_seq_len)
+
+    def _layout(self, rows: Sequence[np.ndarray], length: int):
+        """Right-padded tokens, segment ids (1 real, 0 pad) and positions, all [B, T]."""
+        batch = self.settings.batch_size
+        tokens_BT = np.full((batch, length), self.tokenizer.special.pad, np.int32)
+        segment_ids_BT = np.zeros((batch, length), np.int32)
+        for b, row in enumerate(rows):
+            tokens_BT[b, : len(row)] = row
+            segment_ids_BT[b, : len(row)] = 1
+        positions_BT = np.broadcast_to(np.arange(length, dtype=np.int32), (batch, length))
+        budget_B = np.full((batch,), self.settings.budget, np.int32)
+        return tokens_BT, segment_ids_BT, positions_BT, budget_B
+
+    def teacher_forced(self, prompts: Sequence[np.ndarray], answers: Sequence[np.ndarray]
+                       ) -> list[tuple[bool, float]]:
+        """(exact match, mean NLL) per example; answers are scored with EOS appended."""
+        eos = self.tokenizer.special.eos
+        seqs, spans = [], []
+        for p, a in zip(prompts, answers, strict=True):
+            ctx = self._prompt_ids(p)
+            full = np.concatenate([ctx, a, [eos]]).astype(np.int32)
+            if len(full) - 1 > self.settings.max_seq_len:
+                raise ValueError(f"example of {len(full) - 1} tokens exceeds max_seq_len="
+                                 f"{self.settings.max_seq_len}")
+            seqs.append(full)
+            spans.append((len(ctx) - 1, len(full) - 1))  # target indices of answer + EOS
+        out: list[tuple[bool, float]] = []
+        for start in range(0, len(seqs), self.settings.batch_size):
+            chunk = seqs[start : start + self.settings.batch_size]
+            length = self._padded(max(len(s) - 1 for s in chunk))
+            inputs_BT, seg_BT, pos_BT, budget_B = self._layout([s[:-1] for s in chunk], length)
+            targets_BT = np.zeros_like(inputs_BT)
+            mask_BT = np.zeros(inputs_BT.shape, np.float32)
+            for b, s in enumerate(chunk):
+                targets_BT[b, : len(s) - 1] = s[1:]
+                lo, hi = spans[start + b]
+                mask_BT[b, lo:hi] = 1.0
+            nll_B, wrong_B, count_B = jax.device_get(self._tf_stats(
+                self.params, inputs_BT, seg_BT, pos_BT, budget_B, targets_BT, mask_BT))
+            for b in range(len(chunk)):
+                out.append((bool(wrong_B[b] == 0), float(nll_B[b] / count_B[b])))
+        return out
+
+    def greedy(self, prompts: Sequence[np.ndarray], max_new_tokens: int) -> list[np.ndarray]:
+        """Generated ids per prompt (EOS and everything after it dropped)."""
+        eos = self.tokenizer.special.eos
+        out: list[np.ndarray] = []
+        for start in range(0, len(prompts), self.settings.batch_size):
+            ctxs = [self._prompt_ids(p) for p in prompts[start : start + self.settings.batch_size]]
+            longest = max(len(c) for c in ctxs) + max_new_tokens
+            if longest > self.settings.max_seq_len:
+                raise ValueError(f"prompt + {max_new_tokens} new tokens = {longest} exceeds "
+                                 f"max_seq_len={self.settings.max_seq_len}")
+            tokens_BT, seg_BT, pos_BT, budget_B = self._layout(ctxs, self._padded(longest))
+            lengths_B = np.array([len(c) for c in ctxs] + [1] * (len(budget_B) - len(ctxs)))
+            done_B = np.arange(len(budget_B)) >= len(ctxs)  # filler rows of a short batch
+            generated: list[list[int]] = [[] for _ in ctxs]
+            for _ in range(max_new_tokens):
+                next_B = np.asarray(self._next_tokens(
+                    self.params, tokens_BT, seg_BT, pos_BT, budget_B, lengths_B - 1))
+                for b in range(len(ctxs)):
+                    if done_B[b]:
+                        continue
+                    if next_B[b] == eos:
+                        done_B[b] = True
+                        continue
+                    generated[b].append(int(next_B[b]))
+                    tokens_BT[b, lengths_B[b]] = next_B[b]
+                    seg_BT[b, lengths_B[b]] = 1
+                    lengths_B[b] += 1
+                if done_B.all():
+                    break
+            out += [np.asarray(g, np.int32) for g in generated]
+        return out
+
+
+def evaluate_suite(scorer: Scorer, items: Sequence[suite.SuiteItem]) -> list[ExampleResult]:
+    tok = scorer.tokenizer
+    prompts = [tok.encode(it.example.prompt) for it in items]
+    if scorer.settings.mode == "teacher_forced":
+        stats = scorer.teacher_forced(prompts, [tok.encode(it.example.answer) for it in items])
+        return [ExampleResult("synthetic", it.task, str(it.target_chars), float(ok), nll, None)
+                for it, (ok, nll) in zip(items, stats)]
+    # The answer plus slack for a stray prefix; only the first line is scored.
+    budget = max(len(tok.encode(it.example.answer)) for it in items) + 8
+    texts = [tok.decode(ids) for ids in scorer.greedy(prompts, budget)]
+    correct = suite.score_predictions(items, texts)
+    return [ExampleResult("synthetic", it.task, str(it.target_chars), float(ok), None, text)
+            for it, ok, text in zip(items, correct, texts)]
+
+
+def evaluate_longbench(scorer: Scorer, task: str, examples: Sequence[longbench.LongBenchExample]
+                       ) -> list[ExampleResult]:
+    """Per-example results of one LongBench task; prompts longer than max_seq_len minus
+    the answer room are cut in the middle (LongBench's own convention)."""
+    spec = longbench.TASKS[task]
+    tok = scorer.tokenizer
+    room = scorer.settings.max_seq_len - spec.max_new_tokens - 3  # BOS, USER, ASSISTANT
+    if room <= 0:
+        raise ValueError(f"max_seq_len={scorer.settings.max_seq_len} leaves no room for a "
+                         f"{task!r} prompt after {spec.max_new_tokens} answer tokens")
+    prompts = [np.asarray(longbench.truncate_middle(tok.encode(longbench.build_prompt(e)), room),
+                          np.int32) for e in examples]
+    buckets = [longbench.length_bucket(e.length) for e in examples]
+    if scorer.settings.mode == "teacher_forced":
+        answers = [tok.encode(e.answers[0])[: spec.max_new_tokens] for e in examples]
+        stats = scorer.teacher_forced(prompts, answers)
+        return [ExampleResult("longbench", task, bk, float(ok), nll, None)
+                for bk, (ok, nll) in zip(buckets, stats)]
+    texts = [tok.decode(ids) for ids in scorer.greedy(prompts, spec.max_new_tokens)]
+    return [
+        ExampleResult("longbench", task, bk,
+                      longbench.metrics.score_example(spec.metric, text, e.answers, task=task,
+                                                      all_classes=e.all_classes),
+                      None, text)
+        for e, bk, text in zip(examples, buckets, texts)
+    ]
+
+
+def summarize(results: Sequence[ExampleResult]) -> list[dict]:
+    """One row per (suite, task, bucket) and per (suite, task) over all buckets ("all"):
+    n, score = 100 x mean, and mean NLL where measured."""
+    groups: dict[tuple[str, str, str], list[ExampleResult]] = collections.defaultdict(list)
+    for r in results:
+        groups[(r.suite, r.task, r.bucket)].append(r)
+        groups[(r.suite, r.task, "all")].append(r)
+
+    def bucket_key(b: str):
+        # Numeric synthetic lengths sort by value; named LongBench-E buckets by their order.
+        names = [n for n, _, _ in longbench.LENGTH_BUCKETS]
+        if b == "all":
+            return (2, 0)
+        return (0, int(b)) if b.isdigit() else (1, names.index(b))
+
+    rows = []
+    for (suite_name, task, bucket), rs in sorted(
+            groups.items(), key=lambda kv: (kv[0][0], kv[0][1], bucket_key(kv[0][2]))):
+        nlls = [r.nll for r in rs if r.nll is not None]
+        rows.append({
+            "suite": suite_name, "task": task, "bucket": bucket, "n": len(rs),
+            "score": round(100.0 * sum(r.score for r in rs) / len(rs), 2),
+            "nll": round(float(np.mean(nlls)), 4) if nlls else None,
+        })
+    return rows
+
+
+def format_table(rows: Sequence[dict]) -> str:
+    header = f"{'suite':<10} {'task':<22} {'bucket':>7} {'n':>5} {'score':>7} {'nll':>8}"
+    lines = [header, "-" * len(header)]
+    for r in rows:
+        nll = f"{r['nll']:.4f}" if r["nll"] is not None else "-"
+        lines.append(f"{r['suite']:<10} {r['task']:<22} {r['bucket']:>7} {r['n']:>5} "
+                     f"{r['score']:>7.2f} {nll:>8}")
+    return "\n".join(lines)
+
+
+def write_json(path: str, *, settings: EvalSettings, rows: Sequence[dict],
+               results: Sequence[ExampleResult], meta: dict) -> None:
+    metric = (TF_METRIC if settings.mode == "teacher_forced" else
+              "greedy decoding without KV cache; synthetic: normalised exact match of the "
+              "first line (x100); LongBench: the task's LongBench metric (x100)")
+    payload = {"settings": dataclasses.asdict(settings), "metric": metric, **meta,
+               "rows": list(rows), "examples": [dataclasses.asdict(r) for r in results]}
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(payload, f, indent=1, ensure_ascii=False)
+
+
+def restore_params(cfg, workdir: str, step: int | None = None) -> tuple[int, Any]:
+    """Parameters of the checkpoint at `step` (default: the newest) under `workdir`,
+    restored onto the first local device whatever mesh they were saved from."""
+    import flax.linen as nn
+    import orbax.checkpoint as ocp
+
+    from sparsebalance_jax.model import Transformer
+    from sparsebalance_jax.training import checkpoint
+    from sparsebalance_jax.training.state import TrainState, dummy_inputs, make_optimizer
+
+    model = Transformer(cfg.model, cfg.attention, cfg.k_max)
+    tx = make_optimizer(cfg.optimizer, cfg.train.num_steps)
+
+    def init(rng):
+        variables = model.init(rng, *dummy_inputs(1, cfg.k_max * cfg.attention.block_size))
+        return TrainState.create(apply_fn=model.apply, params=nn.meta.unbox(variables["params"]),
+                                 tx=tx)
+
+    device = jax.local_devices()[0]
+    target = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype,
+                                       sharding=jax.sharding.SingleDeviceSharding(device)),
+        jax.eval_shape(init, jax.random.key(0)))
+    manager = checkpoint.make_manager(workdir, every=cfg.train.checkpoint_every,
+                                      keep=cfg.train.checkpoint_keep)
+    available = manager.all_steps()
+    if not available:
+        raise FileNotFoundError(f"no checkpoint under {manager.directory}")
+    step = max(available) if step is None else step
+    if step not in available:
+        raise FileNotFoundError(f"no checkpoint of step {step} under {manager.directory}; "
+                                f"steps there: {sorted(available)}")
+    restored = manager.restore(step, args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(target)))
+    return step, restored["state"].params
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalRequest:
+    """What to evaluate (everything `experiments.eval` takes besides the config)."""
+
+    settings: EvalSettings
+    suite_lengths: tuple[int, ...]  # synthetic target lengths in characters; () skips it
+    suite_per_cell: int
+    suite_seed: int
+    suite_tasks: tuple[str, ...]
+    longbench_dir: str  # "" skips LongBench
+    longbench_tasks: tuple[str, ...]
+    longbench_e: bool  # read <task>_e.jsonl (LongBench-E) instead of <task>.jsonl
+
+
+def default_suite_lengths(max_seq_len: int) -> tuple[int, ...]:
+    """A quarter, a half and (almost) all of the context, at least 800 characters (the
+    longest task's facts need ~700); room is left for the specials and decoded answer."""
+    top = max_seq_len - 32
+    return tuple(sorted({min(top, max(800, max_seq_len // 4)),
+                         min(top, max(800, max_seq_len // 2)), top}))
+
+
+def run(apply_fn: ApplyFn, params: Any, tokenizer: Tokenizer, request: EvalRequest,
+        haystack: Sequence[str]) -> tuple[list[dict], list[ExampleResult]]:
+    """Scores every requested suite; returns the summary rows and per-example results."""
+    # LongBench files are loaded first: a missing file fails before any model time is spent.
+    lb = {t: longbench.load_task(request.longbench_dir, t, longbench_e=request.longbench_e)
+          for t in request.longbench_tasks} if request.longbench_dir else {}
+    scorer = Scorer(apply_fn, params, tokenizer, request.settings)
+    results: list[ExampleResult] = []
+    if request.suite_lengths:
+        items = suite.build_suite(haystack, seed=request.suite_seed,
+                                  lengths=request.suite_lengths, per_cell=request.suite_per_cell,
+                                  tasks=request.suite_tasks)
+        results += evaluate_suite(scorer, items)
+    for task, examples in lb.items():
+        results += evaluate_longbench(scorer, task, examples)
+    return summarize(results), results
