@@ -29,7 +29,18 @@ def data_spec(cfg: Config):
     return DataSpec(**{k: v for k, v in dataclasses.asdict(cfg.data).items() if k in names})
 
 
-def data_iterator(cfg: Config, cost_model=None):
+def latency_model(cfg: Config):
+    """The cost model the batcher and the tuner price work with (see balance/latency.py)."""
+    from sparsebalance_jax.balance import latency
+
+    shape = latency.LayerShape.from_model_config(cfg.model, cfg.attention.block_size)
+    if cfg.balance.latency_model == "analytic":
+        return latency.AnalyticLatencyModel(shape)
+    table = latency.load_table(cfg.balance.latency_table, jax.devices()[0].device_kind, shape)
+    return latency.ProfiledLatencyModel(table)
+
+
+def data_iterator(cfg: Config, cost_model):
     from sparsebalance_jax.data.pipeline import train_iterator
 
     d = cfg.data
@@ -45,4 +56,4 @@ def run(raw) -> dict:
     """Validates `raw` (a get_config() ConfigDict) against the devices, then trains."""
     cfg = from_config_dict(raw, device_count=jax.device_count())
     print(describe(cfg), flush=True)
-    return train(cfg, data_iterator(cfg), FixedBudgets(cfg.k_max))
+    return train(cfg, data_iterator(cfg, latency_model(cfg)), FixedBudgets(cfg.k_max))
