@@ -106,3 +106,23 @@ def test_ema_correction_first_sets_then_blends_and_round_trips():
 def test_make_latency_model_rejects_unknown_kind():
     with pytest.raises(ValueError, match="'flops'"):
         latency.make_latency_model("flops", SHAPE)
+
+
+def test_profile_layer_makes_a_loadable_table(tmp_path):
+    from sparsebalance_jax.balance import profiling
+    from sparsebalance_jax.config import AttentionConfig, ModelConfig
+
+    model_cfg = ModelConfig(vocab_size=128, num_layers=1, d_model=32, num_heads=2, num_kv_heads=1,
+                            head_dim=16, mlp_dim=64, rope_theta=1e4, rms_eps=1e-6,
+                            param_dtype="float32", compute_dtype="float32", remat=False)
+    # The dense reference attention keeps this fast on CPU; the GPU profile uses MoBA.
+    attention_cfg = AttentionConfig(implementation="reference", block_size=16, budget=1,
+                                    budget_buckets=(2,), layer_budget_scale=(), interpret=True)
+    table = profiling.profile_layer(model_cfg, attention_cfg, (16, 32), (1, 2), repeats=1,
+                                    log=lambda _: None)
+    assert table.shape.key() == "d32_h2_kv1_hd16_mlp64_blk16"
+    latency.save_table(str(tmp_path), table)
+    model = latency.ProfiledLatencyModel.load(str(tmp_path), table.device_kind, table.shape)
+    assert model.predict([32], 2) == pytest.approx(table.seconds_LK[1][1], rel=1e-12)
+    with pytest.raises(ValueError, match="multiples of attention.block_size"):
+        profiling.profile_layer(model_cfg, attention_cfg, (20,), (1,), log=lambda _: None)
