@@ -60,8 +60,9 @@ def main(argv):
     model = Transformer(cfg.model, cfg.attention, cfg.k_max)
     if _CHECKPOINT.value == "init":
         step = 0
-        params = nn.meta.unbox(model.init(jax.random.key(cfg.train.seed),
-                                          *dummy_inputs(1, cfg.k_max * cfg.attention.block_size))["params"])
+        dummy = dummy_inputs(1, cfg.k_max * cfg.attention.block_size)
+        params = jax.jit(lambda key: nn.meta.unbox(model.init(key, *dummy)["params"]))(
+            jax.random.key(cfg.train.seed))
     else:
         step, params = harness.restore_params(cfg, _CHECKPOINT.value, _STEP.value)
     max_seq_len = _MAX_LEN.value or cfg.data.seq_len

@@ -1,0 +1,203 @@
+"""Eval harness: answer alignment with an oracle model, padding invariance with a real
+tiny model, checkpoint restore, summary rows and JSON."""
+
+import json
+import pathlib
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from configs.longbench import get_config
+from sparsebalance_jax.config import from_config_dict
+from sparsebalance_jax.data.tokenizer import ByteTokenizer
+from sparsebalance_jax.eval import harness, longbench, suite
+from sparsebalance_jax.model import Transformer
+
+FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "longbench"
+TOK = ByteTokenizer()
+VOCAB = 384
+HAYSTACK = [
+    "The river runs north past the old mill. Fields of barley line both banks.",
+    "A small town grew around the bridge. Its market opens on Saturdays.",
+    "Winters are cold and long here. Summers bring storms from the west.",
+]
+
+
+def _settings(mode, batch_size=5, seq_multiple=64, max_seq_len=2048, min_seq_len=64):
+    return harness.EvalSettings(mode=mode, batch_size=batch_size, seq_multiple=seq_multiple,
+                                min_seq_len=min_seq_len, budget=2, max_seq_len=max_seq_len)
+
+
+def _oracle(prompts_and_answers):
+    """apply_fn that knows, for each prompt, the answer to give: logits one-hot (scale 30)
+    on the next token of BOS USER prompt ASSISTANT answer EOS, and on EOS past its end.
+    Rows are recognised by their tokens up to the ASSISTANT id, so the oracle checks the
+    harness's layout as well as its scoring."""
+    s = TOK.special
+    table = {}
+    for prompt, answer in prompts_and_answers:
+        ctx = (s.bos, s.user, *TOK.encode(prompt).tolist(), s.assistant)
+        table[ctx] = np.array([*ctx, *TOK.encode(answer).tolist(), s.eos], np.int32)
+
+    def host(inputs_BT, segment_ids_BT):
+        batch, length = inputs_BT.shape
+        logits = np.zeros((batch, length, VOCAB), np.float32)
+        for b in range(batch):
+            n = int(segment_ids_BT[b].sum())
+            if n == 0:
+                continue
+            row = inputs_BT[b, :n].tolist()
+            full = table[tuple(row[: row.index(s.assistant) + 1])]
+            nxt = np.full(length, s.eos, np.int32)
+            k = min(length, len(full) - 1)
+            nxt[:k] = full[1 : k + 1]
+            logits[b, np.arange(length), nxt] = 30.0
+        return logits
+
+    def apply_fn(params, inputs_BT, segment_ids_BT, positions_BT, budget_B):
+        del params, positions_BT, budget_B
+        shape = jax.ShapeDtypeStruct((*inputs_BT.shape, VOCAB), jnp.float32)
+        return jax.pure_callback(host, shape, inputs_BT, segment_ids_BT)
+
+    return apply_fn
+
+
+def _off_by_one(answer: str) -> str:
+    return answer[:-1] + ("0" if answer[-1] != "0" else "1")
+
+
+@pytest.fixture(scope="module")
+def items():
+    return suite.build_suite(HAYSTACK, seed=3, lengths=(700,), per_cell=1)
+
+
+@pytest.mark.parametrize("mode", harness.MODES)
+def test_oracle_scores_perfect_and_wrong(items, mode):
+    right = _oracle([(it.example.prompt, it.example.answer) for it in items])
+    wrong = _oracle([(it.example.prompt, _off_by_one(it.example.answer)) for it in items])
+    good = harness.evaluate_suite(harness.Scorer(right, {}, TOK, _settings(mode)), items)
+    bad = harness.evaluate_suite(harness.Scorer(wrong, {}, TOK, _settings(mode)), items)
+    assert [r.score for r in good] == [1.0] * len(items)
+    assert [r.score for r in bad] == [0.0] * len(items)
+    if mode == "teacher_forced":
+        assert max(r.nll for r in good) < 1e-6
+        assert min(r.nll for r in bad) > 0.5  # one token of the answer costs ~30 nats
+    else:
+        assert [r.prediction for r in good] == [it.example.answer for it in items]
+
+
+def test_longbench_greedy_with_oracle():
+    examples = longbench.load_task(FIXTURES, "trec") + longbench.load_task(FIXTURES, "hotpotqa")
+    pairs = [(longbench.build_prompt(e), e.answers[-1]) for e in examples]
+    scorer = harness.Scorer(_oracle(pairs), {}, TOK, _settings("greedy"))
+    results = harness.evaluate_longbench(scorer, "trec", examples[:1])
+    results += harness.evaluate_longbench(scorer, "hotpotqa", examples[1:])
+    assert [r.score for r in results] == [1.0] * 4
+    assert [r.bucket for r in results] == ["0-4k", "0-4k", "4-8k", "8k+"]
+
+
+def test_too_long_is_an_error(items):
+    right = _oracle([(it.example.prompt, it.example.answer) for it in items])
+    scorer = harness.Scorer(right, {}, TOK, _settings("teacher_forced", max_seq_len=512))
+    with pytest.raises(ValueError, match="exceeds max_seq_len=512"):
+        harness.evaluate_suite(scorer, items)
+
+
+def _tiny_config():
+    raw = get_config("cpu")
+    raw.attention.implementation = "reference"
+    raw.mesh.data = 1
+    raw.model.update(num_layers=2, d_model=64, num_heads=4, num_kv_heads=2, head_dim=16,
+                     mlp_dim=128, compute_dtype="float32")
+    return from_config_dict(raw)
+
+
+def test_padding_and_batching_do_not_change_scores():
+    cfg = _tiny_config()
+    model = Transformer(cfg.model, cfg.attention, cfg.k_max)
+    dummy = (jnp.zeros((1, 64), jnp.int32), jnp.ones((1, 64), jnp.int32),
+             jnp.arange(64)[None], jnp.ones((1,), jnp.int32))
+    # A jitted init compiles once instead of dispatching every op of the scan eagerly.
+    init = jax.jit(lambda key: nn.meta.unbox(model.init(key, *dummy)["params"]))
+    params = init(jax.random.key(np.random.randint(1 << 30)))
+
+    def apply_fn(p, *inputs):
+        return model.apply({"params": p}, *inputs)
+
+    rng = np.random.default_rng()
+    prompts = [rng.integers(0, 256, n).astype(np.int32) for n in (90, 150)]
+    answers = [rng.integers(0, 256, n).astype(np.int32) for n in (5, 9)]
+    one = harness.Scorer(apply_fn, params, TOK, _settings(
+        "teacher_forced", batch_size=1, seq_multiple=64)).teacher_forced(prompts, answers)
+    two = harness.Scorer(apply_fn, params, TOK, _settings(
+        "teacher_forced", batch_size=3, seq_multiple=256)).teacher_forced(prompts, answers)
+    np.testing.assert_allclose([n for _, n in one], [n for _, n in two], rtol=1e-5)
+    assert 4.0 < one[0][1] < 8.0  # untrained: about log(384) = 5.95 nats per token
+
+
+def test_restore_params_roundtrip(tmp_path):
+    from sparsebalance_jax.training import checkpoint
+    from sparsebalance_jax.training.state import TrainState, dummy_inputs, make_optimizer
+
+    cfg = _tiny_config()
+    model = Transformer(cfg.model, cfg.attention, cfg.k_max)
+    init = jax.jit(lambda key: nn.meta.unbox(
+        model.init(key, *dummy_inputs(1, cfg.attention.block_size))["params"]))
+    state = TrainState.create(apply_fn=model.apply, params=init(jax.random.key(7)),
+                              tx=make_optimizer(cfg.optimizer, cfg.train.num_steps))
+    manager = checkpoint.make_manager(str(tmp_path), every=1, keep=2)
+    manager.save(5, args=ocp.args.Composite(state=ocp.args.StandardSave(state)))
+    manager.wait_until_finished()
+    step, params = harness.restore_params(cfg, str(tmp_path))
+    assert step == 5
+    jax.tree.map(np.testing.assert_array_equal, params, state.params)
+    with pytest.raises(FileNotFoundError, match="no checkpoint of step 9"):
+        harness.restore_params(cfg, str(tmp_path), step=9)
+    with pytest.raises(FileNotFoundError, match="no checkpoint under"):
+        harness.restore_params(cfg, str(tmp_path / "empty"))
+
+
+def test_summary_table_and_json(tmp_path):
+    R = harness.ExampleResult
+    results = [R("synthetic", "needle", "1000", 1.0, 0.5, None),
+               R("synthetic", "needle", "1000", 0.0, 1.5, None),
+               R("synthetic", "needle", "500", 1.0, 0.1, None),
+               R("longbench", "trec", "8k+", 0.5, None, "x"),
+               R("longbench", "trec", "0-4k", 1.0, None, "y")]
+    rows = harness.summarize(results)
+    assert [(r["suite"], r["task"], r["bucket"], r["n"], r["score"]) for r in rows] == [
+        ("longbench", "trec", "0-4k", 1, 100.0), ("longbench", "trec", "8k+", 1, 50.0),
+        ("longbench", "trec", "all", 2, 75.0),
+        ("synthetic", "needle", "500", 1, 100.0), ("synthetic", "needle", "1000", 2, 50.0),
+        ("synthetic", "needle", "all", 3, 66.67)]
+    assert rows[4]["nll"] == pytest.approx(1.0) and rows[0]["nll"] is None
+    table = harness.format_table(rows)
+    assert "needle" in table and "66.67" in table
+    path = tmp_path / "out.json"
+    harness.write_json(str(path), settings=_settings("teacher_forced"), rows=rows,
+                       results=results, meta={"step": 3})
+    payload = json.loads(path.read_text())
+    assert payload["step"] == 3 and payload["rows"] == rows
+    assert payload["metric"] == harness.TF_METRIC and len(payload["examples"]) == 5
+
+
+def test_missing_longbench_file_fails_before_scoring(tmp_path):
+    request = harness.EvalRequest(
+        settings=_settings("teacher_forced"), suite_lengths=(700,), suite_per_cell=1,
+        suite_seed=0, suite_tasks=("needle",), longbench_dir=str(tmp_path),
+        longbench_tasks=("qasper",), longbench_e=False)
+
+    def never_called(*_):
+        raise AssertionError("the model must not run before the data is checked")
+
+    with pytest.raises(FileNotFoundError, match=r"qasper\.jsonl"):
+        harness.run(never_called, {}, TOK, request, HAYSTACK)
+
+
+def test_default_suite_lengths():
+    assert harness.default_suite_lengths(1024) == (800, 992)
+    assert harness.default_suite_lengths(32768) == (8192, 16384, 32736)
