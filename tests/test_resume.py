@@ -1,0 +1,58 @@
+"""Kill -9 after a checkpoint, rerun: the resumed losses equal an uninterrupted run's."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from sparsebalance_jax.training.metrics import read_metrics
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STEPS, EVERY = 6, 2
+TINY = [
+    "--config.attention.implementation=reference", "--config.attention.block_size=32",
+    "--config.data.seq_len=256", "--config.data.max_doc_len=256", "--config.data.min_doc_len=32",
+    "--config.data.length_scale=0.01", "--config.data.synthetic_weight=0.0",
+    "--config.model.num_layers=2", "--config.model.d_model=64", "--config.model.mlp_dim=128",
+    f"--config.train.num_steps={STEPS}", f"--config.train.checkpoint_every={EVERY}",
+    "--config.optimizer.warmup_steps=2",
+]
+
+
+def _train(workdir, **popen):
+    cmd = [sys.executable, "-m", "experiments.train", "--config=configs/longbench.py:cpu",
+           f"--config.train.workdir={workdir}", *TINY]
+    env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu")
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, **popen)
+
+
+def _finish(proc, timeout=600):
+    _, err = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, err[-3000:]
+
+
+@pytest.mark.slow
+def test_kill_and_resume_matches_uninterrupted(tmp_path):
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    _finish(_train(straight))
+
+    proc = _train(killed)
+    marker = killed / "checkpoints" / str(2 * EVERY)  # a finished checkpoint directory
+    deadline = time.time() + 600
+    while not marker.exists():
+        assert proc.poll() is None, "run ended before it could be killed"
+        assert time.time() < deadline, "no checkpoint appeared"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert len(read_metrics(str(killed))) < STEPS, "the run finished before the kill"
+
+    _finish(_train(killed))
+    want, got = read_metrics(str(straight)), read_metrics(str(killed))
+    assert sorted(want) == sorted(got) == list(range(1, STEPS + 1))
+    for step in want:
+        assert got[step]["loss"] == want[step]["loss"], step
