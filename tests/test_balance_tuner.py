@@ -1,5 +1,6 @@
 """DST tuner decisions on a synthetic latency table: anchors, bound p, coverage floor, buckets."""
 
+import json
 import math
 
 import numpy as np
@@ -124,6 +125,6 @@ def test_tuner_uses_ema_correction_and_state_round_trips():
     assert second.bucket == tuner.bucket_for(second.budgets_S, BUCKETS)
     assert second.host_seconds > 0
     restored = tuner.Tuner(_config(), num_units=2, ema_decay=0.5, history=4)
-    restored.load_state_dict(t.state_dict())
+    restored.load_state_dict(json.loads(json.dumps(t.state_dict())))
     np.testing.assert_array_equal(restored.decide(BASE, fn).budgets_S, t.decide(BASE, fn).budgets_S)
     assert restored.step == t.step

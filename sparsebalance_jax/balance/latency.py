@@ -280,7 +280,8 @@ class EmaCorrection:
     """Per-shard EMA of measured/predicted time ratios; `correct` scales predictions by it.
 
     The first observation of a shard sets its ratio outright (no bias towards the prior 1.0);
-    later ones blend with weight (1 - decay). State is a dict of numpy arrays (checkpointable).
+    later ones blend with weight (1 - decay). State is a dict of lists (JSON, so it checkpoints
+    with orbax's JSON handler beside the data-iterator state).
     """
 
     def __init__(self, num_shards: int, decay: float = 0.9):
@@ -307,7 +308,7 @@ class EmaCorrection:
         return np.asarray(predicted_S, dtype=np.float64) * self.ratio_S
 
     def state_dict(self) -> dict[str, np.ndarray]:
-        return {"ratio_S": self.ratio_S.copy(), "count_S": self.count_S.copy()}
+        return {"ratio_S": self.ratio_S.tolist(), "count_S": self.count_S.tolist()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         ratio_S = np.asarray(state["ratio_S"], dtype=np.float64)

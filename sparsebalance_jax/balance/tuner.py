@@ -165,7 +165,7 @@ class Tuner:
         self.num_units = num_units
         self.step = 0
         self.history_budgets_HS = np.zeros((history, num_units), dtype=np.int32)
-        self.history_imbalance_H = np.zeros((history, 2), dtype=np.float64)  # before, after
+        self.history_imbalance_H2 = np.zeros((history, 2), dtype=np.float64)  # before, after
 
     def decide(self, base_budget: int, latency_fn: LatencyFn,
                coverage: np.ndarray | CoverageFn | None = None) -> Decision:
@@ -182,7 +182,7 @@ class Tuner:
         bucket = bucket_for(budgets_S, self.config.buckets)
         row = self.step % len(self.history_budgets_HS)
         self.history_budgets_HS[row] = budgets_S
-        self.history_imbalance_H[row] = (before_S.max() / before_S.mean(),
+        self.history_imbalance_H2[row] = (before_S.max() / before_S.mean(),
                                          after_S.max() / after_S.mean())
         self.step += 1
         return Decision(budgets_S=budgets_S, bucket=bucket,
@@ -195,9 +195,10 @@ class Tuner:
         self.ema.update(measured_S, predicted_uncorrected_S)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"ema": self.ema.state_dict(), "step": np.asarray(self.step, dtype=np.int64),
-                "history_budgets_HS": self.history_budgets_HS.copy(),
-                "history_imbalance_H": self.history_imbalance_H.copy()}
+        """JSON-serialisable (nested lists and numbers)."""
+        return {"ema": self.ema.state_dict(), "step": self.step,
+                "history_budgets_HS": self.history_budgets_HS.tolist(),
+                "history_imbalance_H2": self.history_imbalance_H2.tolist()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         if np.shape(state["history_budgets_HS"]) != self.history_budgets_HS.shape:
@@ -207,4 +208,4 @@ class Tuner:
         self.ema.load_state_dict(state["ema"])
         self.step = int(state["step"])
         self.history_budgets_HS = np.asarray(state["history_budgets_HS"], np.int32).copy()
-        self.history_imbalance_H = np.asarray(state["history_imbalance_H"], np.float64).copy()
+        self.history_imbalance_H2 = np.asarray(state["history_imbalance_H2"], np.float64).copy()
