@@ -128,3 +128,16 @@ def test_tuner_uses_ema_correction_and_state_round_trips():
     restored.load_state_dict(json.loads(json.dumps(t.state_dict())))
     np.testing.assert_array_equal(restored.decide(BASE, fn).budgets_S, t.decide(BASE, fn).budgets_S)
     assert restored.step == t.step
+
+
+def test_shard_latency_table_sums_micro_batches():
+    from sparsebalance_jax.balance.latency import AnalyticLatencyModel, LayerShape
+
+    model = AnalyticLatencyModel(LayerShape(64, 4, 2, 16, 128, 16))
+    doc_lengths_SMD = np.random.default_rng().integers(0, 200, size=(3, 2, 4))
+    seconds_SK = tuner.shard_latency_table(doc_lengths_SMD, model, 5, padded_tokens=1024)
+    for s in range(3):
+        for k in (1, 5):
+            want = sum(model.predict(doc_lengths_SMD[s, m], k, padded_tokens=1024)
+                       for m in range(2))
+            assert seconds_SK[s, k] == pytest.approx(want, rel=1e-12)
