@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from sparsebalance_jax.data.tokenizer import Tokenizer
-from sparsebalance_jax.eval import longbench, suite
+from sparsebalance_jax.eval import longbench, metrics, suite
 
 MODES = ("teacher_forced", "greedy")
 TF_METRIC = "exact match of greedy argmax over answer+EOS under teacher forcing (x100)"
@@ -214,8 +214,8 @@ def evaluate_longbench(scorer: Scorer, task: str, examples: Sequence[longbench.L
     texts = [tok.decode(ids) for ids in scorer.greedy(prompts, spec.max_new_tokens)]
     return [
         ExampleResult("longbench", task, bk,
-                      longbench.metrics.score_example(spec.metric, text, e.answers, task=task,
-                                                      all_classes=e.all_classes),
+                      metrics.score_example(spec.metric, text, e.answers, task=task,
+                                            all_classes=e.all_classes),
                       None, text)
         for e, bk, text in zip(examples, buckets, texts)
     ]

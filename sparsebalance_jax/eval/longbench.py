@@ -167,7 +167,9 @@ def length_bucket(length: int) -> str:
     raise ValueError(f"negative example length {length}")
 
 
-def task_path(data_dir: str | pathlib.Path, task: str, *, longbench_e: bool = False) -> pathlib.Path:
+def task_path(
+    data_dir: str | pathlib.Path, task: str, *, longbench_e: bool = False
+) -> pathlib.Path:
     if task not in TASKS:
         raise ValueError(f"unknown LongBench task {task!r}; known: {sorted(TASKS)}")
     return pathlib.Path(data_dir) / (f"{task}_e.jsonl" if longbench_e else f"{task}.jsonl")
