@@ -67,7 +67,9 @@ def _moba_fwd(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, sel, layout, block_size, b
   mx_BGTH = jnp.where(any_BGT1H[:, :, :, 0], lse_BGTKH.max(axis=3), 0.0)
   w_BGTKH = jnp.where(used_BGTK[..., None], jnp.exp(lse_BGTKH - mx_BGTH[:, :, :, None, :]), 0.0)
   denom_BGTH = jnp.maximum(w_BGTKH.sum(axis=3), 1e-30)
-  o_BGTKHD = _from_entries(o_BGLD, layout, gh).astype(jnp.float32)
+  # Unused slots point at rows no kernel wrote: select, never multiply by zero.
+  o_BGTKHD = jnp.where(used_BGTK[..., None, None],
+                       _from_entries(o_BGLD, layout, gh).astype(jnp.float32), 0.0)
   o_BGTHD = jnp.einsum("bgtkh,bgtkhd->bgthd", w_BGTKH, o_BGTKHD) / denom_BGTH[..., None]
   lse_BGTH = jnp.where(any_BGT1H[:, :, :, 0], mx_BGTH + jnp.log(denom_BGTH), 0.0)
   out_BTHD = _group_to_BTH(o_BGTHD, b, t, hq).astype(q_BTHD.dtype)

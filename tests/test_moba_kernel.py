@@ -1,0 +1,163 @@
+"""MoBA Pallas kernels (interpret mode on CPU) vs the dense reference: values, gradients,
+packing, edge cases, poisoned outputs, no recompilation; GPU-marked checks for H200."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pallas_kernels.moba import (MobaBlockSizes, build_kv_layout, kernels, moba_attention,
+                                 moba_gate, moba_reference)
+from tests.test_moba_gate import packed_segments
+
+# Relative L2 error bounds, fixed per dtype (bf16: operands rounded to 8 bits).
+TOL = {jnp.float32: 1e-5, jnp.bfloat16: 2e-2}
+SMALL = MobaBlockSizes(block_rows=16, block_k=16, block_k_dkv=16)
+
+
+def rel_err(a, b):
+  a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+  assert np.all(np.isfinite(a)), "non-finite values"
+  return np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30)
+
+
+def make_inputs(rng, b, t, hq, hkv, d, dtype):
+  def n(*shape):
+    return jnp.asarray(rng.standard_normal(shape), jnp.float32).astype(dtype)
+  return n(b, t, hq, d), n(b, t, hkv, d), n(b, t, hkv, d), n(b, t, hq, d)
+
+
+def run_both(q, k, v, do, seg, budget, block_size, k_max, bs=SMALL, interpret=True):
+  def loss(fn):
+    return lambda q, k, v: jnp.sum(fn(q, k, v).astype(jnp.float32) * do.astype(jnp.float32))
+  kern = lambda q, k, v: moba_attention(q, k, v, seg, budget, block_size=block_size,
+                                        k_max=k_max, block_sizes=bs, interpret=interpret)
+  ref = lambda q, k, v: moba_reference(q, k, v, seg, budget, block_size=block_size, k_max=k_max)
+  # One jitted program per side: eager dispatch would compile every small op.
+  both = lambda fn: jax.jit(lambda q, k, v: (fn(q, k, v),
+                                             *jax.grad(loss(fn), argnums=(0, 1, 2))(q, k, v)))
+  got = both(kern)(q, k, v)
+  assert got[0].dtype == q.dtype and got[0].shape == q.shape
+  return got, both(ref)(q, k, v)
+
+
+@pytest.mark.parametrize("dtype, hq, hkv", [(jnp.float32, 2, 2), (jnp.float32, 7, 1),
+                                            (jnp.bfloat16, 4, 2)])
+def test_values_and_gradients_match_reference(dtype, hq, hkv):
+  rng = np.random.default_rng()
+  b, t, block_size, k_max = 3, 128, 16, 4
+  q, k, v, do = make_inputs(rng, b, t, hq, hkv, 16, dtype)
+  seg = packed_segments(rng, b, t, block_size, aligned=bool(rng.integers(2)))
+  budget = jnp.asarray(rng.integers(1, k_max + 1, size=b), jnp.int32)  # ragged
+  got, want = run_both(q, k, v, do, seg, budget, block_size, k_max)
+  for name, g, w in zip(("out", "dq", "dk", "dv"), got, want):
+    assert g.dtype == w.dtype
+    assert rel_err(g, w) < TOL[dtype], (name, rel_err(g, w))
+  pad = np.asarray(seg) == 0
+  assert np.all(np.asarray(got[0], np.float32)[pad] == 0)
+  assert np.all(np.asarray(got[1], np.float32)[pad] == 0)
+
+
+def test_no_leakage_across_documents():
+  rng = np.random.default_rng()
+  t, block_size = 128, 32
+  q, k, v, _ = make_inputs(rng, 1, t, 2, 1, 16, jnp.float32)
+  seg = jnp.asarray([[1] * 70 + [0] * 26 + [2] * 32], jnp.int32)
+  budget = jnp.asarray([4], jnp.int32)
+
+  def doc2_out(q, k, v):
+    o = moba_attention(q, k, v, seg, budget, block_size=block_size, k_max=4,
+                       block_sizes=SMALL, interpret=True)
+    return jnp.sum(jnp.where((seg == 2)[..., None, None], o, 0.0) ** 2)
+
+  dq, dk, dv = jax.jit(jax.grad(doc2_out, argnums=(0, 1, 2)))(q, k, v)
+  other = np.asarray(seg)[0] != 2
+  for g in (dq, dk, dv):
+    assert np.all(np.asarray(g)[0][other] == 0.0)
+    assert np.any(np.asarray(g)[0][~other] != 0.0)
+
+
+@pytest.mark.parametrize("case", ["k1", "all_eligible", "one_block"])
+def test_edge_cases(case):
+  rng = np.random.default_rng()
+  t, block_size, k_max, budget = {"k1": (64, 16, 3, [1, 1]),
+                                  "all_eligible": (64, 16, 4, [4, 4]),
+                                  "one_block": (32, 32, 1, [1, 1])}[case]
+  q, k, v, do = make_inputs(rng, 2, t, 2, 2, 16, jnp.float32)
+  seg = jnp.asarray(np.stack([np.ones(t), np.r_[np.ones(t - 5), np.zeros(5)]]), jnp.int32)
+  got, want = run_both(q, k, v, do, seg, jnp.asarray(budget, jnp.int32), block_size, k_max)
+  for g, w in zip(got, want):
+    assert rel_err(g, w) < TOL[jnp.float32]
+  if case == "k1":  # own block only: equals block-diagonal causal attention
+    diag = moba_reference(q, k, v, seg, jnp.asarray(budget), block_size=block_size, k_max=1)
+    assert rel_err(got[0], diag) < TOL[jnp.float32]
+
+
+def test_kernel_outputs_poisoned_and_fully_written():
+  """Interpret mode fills kernel outputs with NaN first: every row the combine reads,
+  and every dk/dv element, must be overwritten."""
+  rng = np.random.default_rng()
+  t, block_size, k_max = 64, 16, 3
+  q, k, v, do = make_inputs(rng, 1, t, 2, 1, 16, jnp.float32)
+  seg = jnp.asarray([[1] * 40 + [0] * 8 + [2] * 16], jnp.int32)
+  budget = jnp.asarray([3], jnp.int32)
+
+  @jax.jit
+  def layout_and_fwd(q, k, v):
+    sel = moba_gate(q, k, seg, budget, block_size=block_size, k_max=k_max)
+    layout = build_kv_layout(sel, seg, num_blocks=t // block_size, group_size=2, block_rows=16)
+    q_rows = jnp.take_along_axis(q.reshape(1, t * 2, 16)[:, None], layout.row_src_BGL[..., None],
+                                 2)
+    return layout, q_rows, *kernels.moba_forward_rows(
+        q_rows, layout, k, v, seg, block_size=block_size, bs=SMALL, interpret=True)
+
+  layout, q_rows, o_rows, lse_rows = layout_and_fwd(q, k, v)
+  used = np.asarray(layout.chunk_block_BGC)[0, 0] >= 0
+  o_chunks = np.asarray(o_rows)[0, 0].reshape(-1, 16, 16)
+  assert np.all(np.isfinite(o_chunks[used])) and np.all(np.isnan(o_chunks[~used]))
+  dk, dv = kernels.moba_dkv(q_rows, q_rows, lse_rows, lse_rows, layout, k, v, seg,
+                            block_size=block_size, bs=SMALL, interpret=True)
+  assert np.all(np.isfinite(dk)) and np.all(np.isfinite(dv))
+  out = jax.jit(lambda q, k, v: moba_attention(q, k, v, seg, budget, block_size=block_size,
+                                               k_max=k_max, block_sizes=SMALL, interpret=True))(q, k, v)
+  assert np.all(np.isfinite(out))
+
+
+def test_budget_change_does_not_recompile():
+  rng = np.random.default_rng()
+  q, k, v, _ = make_inputs(rng, 2, 64, 2, 2, 16, jnp.float32)
+  seg = jnp.ones((2, 64), jnp.int32)
+  traces = []
+
+  @jax.jit
+  def f(budget):
+    traces.append(1)
+    return moba_attention(q, k, v, seg, budget, block_size=16, k_max=4, block_sizes=SMALL,
+                          interpret=True)
+
+  outs = [f(jnp.asarray(b, jnp.int32)) for b in ([1, 2], [4, 4], [3, 1])]
+  assert len(traces) == 1 and f._cache_size() == 1
+  assert not np.allclose(outs[0], outs[1])
+
+
+def test_budget_out_of_range_is_an_error():
+  rng = np.random.default_rng()
+  q, k, v, _ = make_inputs(rng, 2, 64, 2, 2, 16, jnp.float32)
+  seg = jnp.ones((2, 64), jnp.int32)
+  with pytest.raises(ValueError, match="budget_B"):
+    moba_attention(q, k, v, seg, jnp.asarray([5, 1]), block_size=16, k_max=4, interpret=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_gpu_compiled_kernels_match_reference(dtype):
+  rng = np.random.default_rng()
+  b, t, block_size, k_max = 2, 1024, 128, 4
+  q, k, v, do = make_inputs(rng, b, t, 8, 2, 64, dtype)
+  seg = packed_segments(rng, b, t, block_size, aligned=True)
+  budget = jnp.asarray([2, 4], jnp.int32)
+  got, want = run_both(q, k, v, do, seg, budget, block_size, k_max, bs=MobaBlockSizes(),
+                       interpret=False)
+  tol = {jnp.float32: 2e-3, jnp.bfloat16: 2e-2}[dtype]  # f32 dots run as tf32 on GPU
+  for g, w in zip(got, want):
+    assert rel_err(g, w) < tol
