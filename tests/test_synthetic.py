@@ -123,6 +123,8 @@ def test_errors():
         synthetic.generate("qa", rng, _haystack(0), 2000)
     with pytest.raises(ValueError, match="haystack is empty"):
         synthetic.generate("needle", rng, [], 2000)
+    with pytest.raises(ValueError, match="only empty strings"):
+        synthetic.generate("needle", rng, ["", "  \n"], 2000)
     with pytest.raises(ValueError, match="target_chars=100 is too short for task 'vartrack'"):
         synthetic.generate("vartrack", rng, _haystack(0), 100)
 
