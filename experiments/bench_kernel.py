@@ -1,0 +1,232 @@
+"""MoBA kernel benchmark on one GPU: correctness vs the reference, then timings.
+
+Runs, in order: (1) a correctness check of the compiled kernels (values and
+gradients, f32 and bf16, packed rows, GQA) against `moba_reference`; (2) cuDNN
+dense causal attention; (3) MoBA forward and forward+backward for each
+(S, block, k, heads) asked for, with k_max = k (the budget bucket); (4) a budget
+sweep at fixed k_max whose times are fitted against k (R^2), with the gating +
+layout step timed on its own. Prints a short table last and writes every row as
+JSON to --out.
+
+Useful FLOPs (DESIGN.md): 4 * D * attended (query, key) pairs for the forward,
+2.5x that for the backward; cuDNN dense causal counts T(T+1)/2 pairs per head.
+
+    PYTHONUNBUFFERED=1 python experiments/bench_kernel.py --seqs 32768 --blocks 512 \
+        --ks 2 3 4 8 16 --heads h128 --out $OUT/bench.json
+
+Imports only jax and numpy (the GPU image has no project extras).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from pallas_kernels.moba import (MobaBlockSizes, build_kv_layout, moba_attention,  # noqa: E402
+                                 moba_gate, moba_reference)
+
+HEADS = {"h128": (16, 16, 128), "h64": (14, 2, 64), "tiny": (2, 1, 16)}  # (Hq, Hkv, D)
+INTERPRET = False  # --interpret: CPU smoke runs of this script
+
+
+def timeit(fn, *args, reps: int) -> float:
+  """Median wall time (ms) of fn(*args) after one warm-up, synchronised each run."""
+  jax.block_until_ready(fn(*args))
+  times = []
+  for _ in range(reps):
+    t0 = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    times.append(time.perf_counter() - t0)
+  return 1e3 * float(np.median(times))
+
+
+def inputs(seed, b, t, hq, hkv, d, dtype):
+  ks = jax.random.split(jax.random.PRNGKey(seed), 4)
+  q = jax.random.normal(ks[0], (b, t, hq, d), dtype)
+  k = jax.random.normal(ks[1], (b, t, hkv, d), dtype)
+  v = jax.random.normal(ks[2], (b, t, hkv, d), dtype)
+  do = jax.random.normal(ks[3], (b, t, hq, d), dtype)
+  return q, k, v, do
+
+
+def fwd_bwd(fn):
+  def loss(q, k, v, do):
+    return jnp.sum(fn(q, k, v).astype(jnp.float32) * do.astype(jnp.float32))
+  return jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+
+
+def check_correctness(bs: MobaBlockSizes) -> list[dict]:
+  rows = []
+  for dtype, (hq, hkv) in ((jnp.float32, (4, 4)), (jnp.bfloat16, (14, 2))):
+    b, t, block, k_max, d = 2, 2048, 256, 4, 64
+    q, k, v, do = inputs(1, b, t, hq, hkv, d, dtype)
+    seg = np.ones((b, t), np.int32)
+    seg[0, 700:1024] = 0
+    seg[0, 1024:] = 2
+    seg = jnp.asarray(seg)
+    budget = jnp.asarray([2, 4], jnp.int32)
+    kern = lambda q, k, v: moba_attention(q, k, v, seg, budget, block_size=block, k_max=k_max,
+                                          block_sizes=bs, interpret=INTERPRET)
+    ref = lambda q, k, v: moba_reference(q, k, v, seg, budget, block_size=block, k_max=k_max)
+    got = [jax.jit(kern)(q, k, v), *fwd_bwd(kern)(q, k, v, do)]
+    want = [jax.jit(ref)(q, k, v), *fwd_bwd(ref)(q, k, v, do)]
+    for name, g, w in zip(("out", "dq", "dk", "dv"), got, want):
+      g, w = np.asarray(g, np.float64), np.asarray(w, np.float64)
+      err = float(np.linalg.norm(g - w) / np.linalg.norm(w)) if np.all(np.isfinite(g)) else 1e9
+      rows.append(dict(kind="check", dtype=jnp.dtype(dtype).name, heads=f"{hq}/{hkv}",
+                       tensor=name, rel_err=err))
+      print(f"check {jnp.dtype(dtype).name:8s} {hq}/{hkv} {name}: rel err {err:.2e}", flush=True)
+  return rows
+
+
+def attended_pairs(sel, block: int, group: int) -> int:
+  """Pairs a single-document, padding-free row attends to (per query head)."""
+  t = sel.count_BTG.shape[1]
+  own = (jnp.arange(t) % block + 1)[None, :, None]
+  return int(jnp.sum((sel.count_BTG - 1) * block + own)) * group
+
+
+def bench_cudnn(t, hq, hkv, d, reps):
+  q, k, v, do = inputs(0, 1, t, hq, hkv, d, jnp.bfloat16)
+  impl = "xla" if INTERPRET else "cudnn"
+  f = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, implementation=impl, is_causal=True)
+  fwd_ms = timeit(jax.jit(f), q, k, v, reps=reps)
+  fb_ms = timeit(fwd_bwd(f), q, k, v, do, reps=reps)
+  flops = 4 * d * hq * t * (t + 1) / 2
+  return dict(kind="cudnn", seq=t, heads=f"{hq}/{hkv}", d=d, fwd_ms=fwd_ms, fwdbwd_ms=fb_ms,
+              fwd_tflops=flops / fwd_ms / 1e9, fwdbwd_tflops=3.5 * flops / fb_ms / 1e9)
+
+
+def bench_moba(t, block, k, k_max, hq, hkv, d, bs, reps, gate=False):
+  q, k_, v, do = inputs(0, 1, t, hq, hkv, d, jnp.bfloat16)
+  seg = jnp.ones((1, t), jnp.int32)
+  budget = jnp.asarray([k], jnp.int32)
+  f = lambda q, k_, v, budget: moba_attention(q, k_, v, seg, budget, block_size=block,
+                                              k_max=k_max, block_sizes=bs, interpret=INTERPRET)
+  fwd = jax.jit(f)
+  fb = jax.jit(jax.grad(lambda q, k_, v, do, budget: jnp.sum(
+      f(q, k_, v, budget).astype(jnp.float32) * do.astype(jnp.float32)), argnums=(0, 1, 2)))
+  sel = jax.jit(lambda q, k_, budget: moba_gate(q, k_, seg, budget, block_size=block,
+                                                k_max=k_max))(q, k_, budget)
+  flops = 4 * d * attended_pairs(sel, block, hq // hkv)
+  row = dict(kind="moba", seq=t, block=block, k=k, k_max=k_max, heads=f"{hq}/{hkv}", d=d,
+             block_sizes=dataclasses.asdict(bs))
+  row["fwd_ms"] = timeit(fwd, q, k_, v, budget, reps=reps)
+  row["fwdbwd_ms"] = timeit(fb, q, k_, v, do, budget, reps=reps)
+  row["fwd_tflops"] = flops / row["fwd_ms"] / 1e9
+  row["fwdbwd_tflops"] = 3.5 * flops / row["fwdbwd_ms"] / 1e9
+  if gate:
+    g = jax.jit(lambda q, k_, budget: build_kv_layout(
+        moba_gate(q, k_, seg, budget, block_size=block, k_max=k_max), seg,
+        num_blocks=t // block, group_size=hq // hkv, block_rows=bs.block_rows))
+    row["gate_ms"] = timeit(g, q, k_, budget, reps=reps)
+  return row
+
+
+def r_squared(x, y):
+  x, y = np.asarray(x, float), np.asarray(y, float)
+  a, b = np.polyfit(x, y, 1)
+  res = y - (a * x + b)
+  return float(1 - np.sum(res ** 2) / np.sum((y - y.mean()) ** 2))
+
+
+def main():
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  p.add_argument("--seqs", type=int, nargs="+", default=[32768])
+  p.add_argument("--blocks", type=int, nargs="+", default=[512, 256])
+  p.add_argument("--ks", type=int, nargs="+", default=[2, 3, 4, 8, 16, 32])
+  p.add_argument("--heads", nargs="+", default=["h128", "h64"], choices=list(HEADS))
+  p.add_argument("--sweep", type=int, default=0,
+                 help="k_max of the budget sweep (k = 2..k_max, one compile); 0 = none")
+  p.add_argument("--variants", default="",
+                 help="extra MobaBlockSizes for the first config, as 'rows,k,kdkv,warps,stages;...'")
+  p.add_argument("--reps", type=int, default=10)
+  p.add_argument("--skip-check", action="store_true")
+  p.add_argument("--interpret", action="store_true", help="Pallas interpret mode (CPU smoke)")
+  p.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "bench_kernel.json"))
+  args = p.parse_args()
+  global INTERPRET
+  INTERPRET = args.interpret
+  print("device:", jax.devices()[0].device_kind, "jax", jax.__version__, flush=True)
+  bs0 = MobaBlockSizes()
+  rows = [] if args.skip_check else check_correctness(bs0)
+
+  def save():
+    with open(args.out, "w") as f:
+      json.dump(dict(device=jax.devices()[0].device_kind, rows=rows), f, indent=1)
+
+  for name in args.heads:
+    hq, hkv, d = HEADS[name]
+    for t in args.seqs:
+      rows.append(bench_cudnn(t, hq, hkv, d, args.reps))
+      print(rows[-1], flush=True)
+      save()
+      for block in args.blocks:
+        for k in args.ks:
+          if k > t // block:
+            continue
+          variants = [bs0]
+          if args.variants and t == args.seqs[0] and block == args.blocks[0] and k == args.ks[0]:
+            for v in args.variants.split(";"):
+              r, kk, kd, w, s = (int(x) for x in v.split(","))
+              variants.append(MobaBlockSizes(block_rows=r, block_k=kk, block_k_dkv=kd,
+                                             num_warps=w, num_stages=s, num_warps_bwd=w,
+                                             num_stages_bwd=s))
+          for bs in variants:
+            try:
+              rows.append(bench_moba(t, block, k, k, hq, hkv, d, bs, args.reps, gate=bs is bs0))
+            except Exception as e:  # a variant that fails to compile is reported, not fatal
+              rows.append(dict(kind="moba_error", seq=t, block=block, k=k, heads=name,
+                               block_sizes=dataclasses.asdict(bs), error=str(e)[:300]))
+            print(rows[-1], flush=True)
+            save()
+        if args.sweep and args.sweep <= t // block:
+          for k in range(2, args.sweep + 1):
+            rows.append(dict(bench_moba(t, block, k, args.sweep, hq, hkv, d, bs0, args.reps),
+                             kind="sweep"))
+            print(rows[-1], flush=True)
+            save()
+  # Short table last.
+  cud = {(r["seq"], r["heads"]): r for r in rows if r["kind"] == "cudnn"}
+  print("\nkind  heads  S      block k  kmax  fwd_ms  fb_ms   fwdTF  fbTF   xcuDNN(fb) gate_ms")
+  for r in rows:
+    if r["kind"] not in ("moba", "sweep"):
+      continue
+    c = cud[(r["seq"], r["heads"])]
+    r["ratio_fwdbwd"] = r["fwdbwd_tflops"] / c["fwdbwd_tflops"]
+    r["ratio_fwd"] = r["fwd_tflops"] / c["fwd_tflops"]
+    print(f"{r['kind']:5s} {r['heads']:6s} {r['seq']:6d} {r['block']:5d} {r['k']:2d} "
+          f"{r['k_max']:4d} {r['fwd_ms']:7.3f} {r['fwdbwd_ms']:7.3f} {r['fwd_tflops']:6.1f} "
+          f"{r['fwdbwd_tflops']:6.1f} {r['ratio_fwdbwd']:6.3f} {r.get('gate_ms', float('nan')):7.3f}")
+  for c in cud.values():
+    print(f"cudnn {c['heads']:6s} {c['seq']:6d} fwd {c['fwd_ms']:.3f} ms ({c['fwd_tflops']:.0f} TF/s)"
+          f" fwd+bwd {c['fwdbwd_ms']:.3f} ms ({c['fwdbwd_tflops']:.0f} TF/s)")
+  sweeps = {}
+  for r in rows:
+    if r["kind"] == "sweep":
+      sweeps.setdefault((r["heads"], r["seq"], r["block"], r["k_max"]), []).append(r)
+  for key, rs in sweeps.items():
+    ks = [r["k"] for r in rs]
+    fit = dict(kind="fit", key=list(key), r2_fwd=r_squared(ks, [r["fwd_ms"] for r in rs]),
+               r2_fwdbwd=r_squared(ks, [r["fwdbwd_ms"] for r in rs]))
+    rows.append(fit)
+    print(f"R^2 time vs k {key}: fwd {fit['r2_fwd']:.4f} fwd+bwd {fit['r2_fwdbwd']:.4f}")
+  save()
+  bad = [r for r in rows if r["kind"] == "check" and r["rel_err"] > (
+      3e-3 if r["dtype"] == "float32" else 2e-2)]
+  if bad:
+    print("CORRECTNESS FAILED:", bad)
+    sys.exit(1)
+
+
+if __name__ == "__main__":
+  main()
