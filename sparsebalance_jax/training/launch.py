@@ -7,6 +7,7 @@ import dataclasses
 import jax
 
 from sparsebalance_jax.config import Config, from_config_dict
+from sparsebalance_jax.sharding.distributed import maybe_initialize
 from sparsebalance_jax.training.budgets import FixedBudgets
 from sparsebalance_jax.training.loop import describe, train
 
@@ -54,6 +55,7 @@ def data_iterator(cfg: Config, cost_model):
 
 def run(raw) -> dict:
     """Validates `raw` (a get_config() ConfigDict) against the devices, then trains."""
+    maybe_initialize()  # Multi-process jobs join the coordinator before any backend starts.
     cfg = from_config_dict(raw, device_count=jax.device_count())
     print(describe(cfg), flush=True)
     return train(cfg, data_iterator(cfg, latency_model(cfg)), FixedBudgets(cfg.k_max))
