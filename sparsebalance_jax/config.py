@@ -208,7 +208,10 @@ def validate(cfg: Config, device_count: int | None = None) -> None:
              f"{mesh.tensor} must divide model.num_kv_heads={m.num_kv_heads}")
     _require(cfg.balance.anchor in ANCHORS, "balance.anchor",
              f"{cfg.balance.anchor!r} not in {ANCHORS}")
-    _require(0.0 <= cfg.balance.p <= 1.0, "balance.p", f"{cfg.balance.p} must be in [0, 1]")
+    _require(0.1 <= cfg.balance.p <= 0.3, "balance.p", f"{cfg.balance.p} must be in [0.1, 0.3]")
+    _require(not cfg.balance.dst or a.implementation == "moba", "balance.dst",
+             f"tunes MoBA budgets; attention.implementation={a.implementation!r} has none "
+             f"(set --config.balance.dst=False)")
     _require(0.0 <= cfg.balance.coverage_floor <= 1.0, "balance.coverage_floor",
              "must be in [0, 1]")
     _require(cfg.balance.latency_model in ("analytic", "profiled"), "balance.latency_model",

@@ -18,7 +18,7 @@ TINY = [
     "--config.data.length_scale=0.01", "--config.data.synthetic_weight=0.0",
     "--config.model.num_layers=2", "--config.model.d_model=64", "--config.model.mlp_dim=128",
     f"--config.train.num_steps={STEPS}", f"--config.train.checkpoint_every={EVERY}",
-    "--config.optimizer.warmup_steps=2",
+    "--config.optimizer.warmup_steps=2", "--config.balance.dst=False",
 ]
 
 

@@ -83,25 +83,33 @@ class Attention(nn.Module):
     attention: AttentionConfig
     k_max: int
 
-    @nn.compact
-    def __call__(self, x_BTE, segment_ids_BT, positions_BT, budget_B):
+    def setup(self):
         m = self.model
         dt = dict(dtype=m.compute_dtype, param_dtype=m.param_dtype)
         # Qwen2-style projections: biases on q, k, v, none on the output.
-        q_BTHD = Linear((m.num_heads, m.head_dim), ("embed", "heads", "head_dim"),
-                        bias_axes=("heads", "head_dim"), name="q", **dt)(x_BTE)
+        self.q = Linear((m.num_heads, m.head_dim), ("embed", "heads", "head_dim"),
+                        bias_axes=("heads", "head_dim"), **dt)
         kv = dict(axes=("embed", "kv_heads", "head_dim"), bias_axes=("kv_heads", "head_dim"), **dt)
-        k_BTKD = Linear((m.num_kv_heads, m.head_dim), name="k", **kv)(x_BTE)
-        v_BTKD = Linear((m.num_kv_heads, m.head_dim), name="v", **kv)(x_BTE)
-        q_BTHD = apply_rope(q_BTHD, positions_BT, m.rope_theta)
-        k_BTKD = apply_rope(k_BTKD, positions_BT, m.rope_theta)
+        self.k = Linear((m.num_kv_heads, m.head_dim), **kv)
+        self.v = Linear((m.num_kv_heads, m.head_dim), **kv)
+        self.o = Linear((m.d_model,), ("heads", "head_dim", "embed"), in_dims=2, **dt)
+
+    def qkv(self, x_BTE, positions_BT):
+        """Projected, rotated q [B,T,Hq,D] and k [B,T,Hkv,D], and v [B,T,Hkv,D]."""
+        theta = self.model.rope_theta
+        q_BTHD = apply_rope(self.q(x_BTE), positions_BT, theta)
+        k_BTKD = apply_rope(self.k(x_BTE), positions_BT, theta)
         q_BTHD = nn.with_logical_constraint(q_BTHD, ("act_batch", "act_seq", "act_heads", None))
         k_BTKD = nn.with_logical_constraint(k_BTKD, ("act_batch", "act_seq", "act_kv_heads", None))
-        v_BTKD = nn.with_logical_constraint(v_BTKD, ("act_batch", "act_seq", "act_kv_heads", None))
+        v_BTKD = nn.with_logical_constraint(self.v(x_BTE),
+                                            ("act_batch", "act_seq", "act_kv_heads", None))
+        return q_BTHD, k_BTKD, v_BTKD
+
+    def __call__(self, x_BTE, segment_ids_BT, positions_BT, budget_B):
+        q_BTHD, k_BTKD, v_BTKD = self.qkv(x_BTE, positions_BT)
         out_BTHD = attention_op(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, budget_B,
                                 cfg=self.attention, k_max=self.k_max)
-        return Linear((m.d_model,), ("heads", "head_dim", "embed"), in_dims=2, name="o",
-                      **dt)(out_BTHD)
+        return self.o(out_BTHD)
 
 
 class SwiGLU(nn.Module):
@@ -167,6 +175,18 @@ class Transformer(nn.Module):
         logits_BTV = Linear((m.vocab_size,), ("embed", "vocab"), dtype="float32",
                             param_dtype=m.param_dtype, name="lm_head")(x_BTE)
         return nn.with_logical_constraint(logits_BTV, ("act_batch", "act_seq", "act_vocab"))
+
+
+def first_layer_qk(model: Transformer, params, inputs_BT, positions_BT):
+    """The first layer's gate inputs (q, k) for `params`: what the MoBA gate scores there."""
+    m = model.model
+    layer0 = jax.tree.map(lambda p: p[0], params["layers"])
+    x_BTE = params["embed"]["embedding"][inputs_BT].astype(m.compute_dtype)
+    h_BTE = RMSNorm(m.rms_eps, m.param_dtype, m.compute_dtype).apply(
+        {"params": layer0["attn_norm"]}, x_BTE)
+    q_BTHD, k_BTKD, _ = Attention(m, model.attention, model.k_max).apply(
+        {"params": layer0["attn"]}, h_BTE, positions_BT, method=Attention.qkv)
+    return q_BTHD, k_BTKD
 
 
 def token_losses(logits_BTV, targets_BT, loss_mask_BT):

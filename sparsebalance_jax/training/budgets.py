@@ -31,7 +31,8 @@ class FixedBudgets:
     def __init__(self, bucket: int):
         self.bucket = bucket
 
-    def decide(self, step_batch: dict) -> BudgetDecision:
+    def decide(self, step_batch: dict, params) -> BudgetDecision:
+        del params
         return BudgetDecision(np.asarray(step_batch["budgets"], np.int32), self.bucket)
 
     def observe(self, decision: BudgetDecision, seconds: float) -> None:
@@ -42,3 +43,65 @@ class FixedBudgets:
 
     def set_state(self, state: dict) -> None:
         del state
+
+
+class DstBalancer:
+    """Dynamic sparsity tuning in the loop: one budget per data shard, each step.
+
+    Predictions: the latency model prices every shard's micro-batches at every budget
+    (`shard_latency_table`). Coverage floor: the first layer's MoBA gate, run on this step's
+    inputs with the current parameters, gives each shard's coverage at a candidate budget
+    (computed lazily, only for budgets the tuner considers lowering to). The tuner's EMA
+    correction is fed per-shard measured times where the caller has them (the one-GPU
+    simulation times each shard separately); one SPMD step only exposes the step's time, which
+    corrects every shard alike, so in the loop the correction leaves the decisions unchanged.
+    """
+
+    def __init__(self, cfg, cost_model, coverage_fn):
+        from sparsebalance_jax.balance.tuner import Tuner, TunerConfig
+
+        b = cfg.balance
+        self._tuner = Tuner(TunerConfig(anchor=b.anchor, p=b.p, coverage_floor=b.coverage_floor,
+                                        buckets=cfg.attention.budget_buckets, enabled=b.dst),
+                            cfg.num_data_shards, ema_decay=b.ema_decay)
+        self._cost_model = cost_model
+        self._coverage_fn = coverage_fn  # (step_batch, budget) -> coverage per shard [S]
+        self._base = cfg.attention.budget
+        self._k_max = cfg.attention.budget_buckets[-1]
+        self._padded_tokens = cfg.data.rows_per_micro_batch * cfg.data.seq_len
+
+    def decide(self, step_batch: dict, params) -> BudgetDecision:
+        from sparsebalance_jax.balance.tuner import shard_latency_table
+
+        seconds_SK = shard_latency_table(step_batch["doc_lengths"], self._cost_model,
+                                         self._k_max, self._padded_tokens)
+        coverage_at: dict[int, np.ndarray] = {}
+
+        def coverage(unit: int, budget: int) -> float:
+            if budget not in coverage_at:
+                coverage_at[budget] = np.asarray(self._coverage_fn(step_batch, params, budget))
+            return float(coverage_at[budget][unit])
+
+        d = self._tuner.decide(self._base, lambda s, k: float(seconds_SK[s, k]), coverage)
+        cov_S = coverage_at.get(self._base)
+        budgets_SMR = np.broadcast_to(d.budgets_S[:, None, None],
+                                      step_batch["budgets"].shape).astype(np.int32)
+        before, after = d.predicted_before_S, d.predicted_after_S
+        extra = {"tuner/overhead_ms": 1e3 * d.host_seconds,
+                 "tuner/imbalance_predicted_before": float(before.max() / before.mean()),
+                 "tuner/imbalance_predicted_after": float(after.max() / after.mean())}
+        for s, (t0, t1) in enumerate(zip(before, after)):
+            extra[f"predicted_ms/shard{s}_base"] = 1e3 * t0
+            extra[f"predicted_ms/shard{s}_tuned"] = 1e3 * t1
+        if cov_S is not None:
+            extra.update({f"coverage/shard{s}_base": float(c) for s, c in enumerate(cov_S)})
+        return BudgetDecision(budgets_SMR, d.bucket, extra)
+
+    def observe(self, decision: BudgetDecision, seconds: float) -> None:
+        del decision, seconds  # see the class docstring: SPMD exposes no per-shard time
+
+    def get_state(self) -> dict:
+        return self._tuner.state_dict()
+
+    def set_state(self, state: dict) -> None:
+        self._tuner.load_state_dict(state)

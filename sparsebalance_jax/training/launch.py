@@ -5,10 +5,11 @@ from __future__ import annotations
 import dataclasses
 
 import jax
+import numpy as np
 
 from sparsebalance_jax.config import Config, from_config_dict
 from sparsebalance_jax.sharding.distributed import maybe_initialize
-from sparsebalance_jax.training.budgets import FixedBudgets
+from sparsebalance_jax.training.budgets import DstBalancer, FixedBudgets
 from sparsebalance_jax.training.loop import describe, train
 
 
@@ -53,9 +54,46 @@ def data_iterator(cfg: Config, cost_model):
         window=d.window, cost_model=cost_model)
 
 
+def coverage_probe(cfg: Config, model):
+    """(step_batch, params, budget) -> each shard's first-layer gate coverage at that budget."""
+    from pallas_kernels.moba import moba_coverage
+    from sparsebalance_jax.model import first_layer_qk
+
+    a = cfg.attention
+
+    @jax.jit
+    def rows_coverage(params, inputs_NT, segment_ids_NT, positions_NT, budget_N):
+        q, k = first_layer_qk(model, params, inputs_NT, positions_NT)
+        return moba_coverage(q, k, segment_ids_NT, budget_N, block_size=a.block_size,
+                             k_max=a.budget_buckets[-1])
+
+    def per_shard(step_batch, params, budget):
+        s = step_batch["inputs"].shape[0]
+        flat = {k: step_batch[k].reshape(-1, step_batch[k].shape[-1])
+                for k in ("inputs", "segment_ids", "positions")}
+        cov_N = np.asarray(rows_coverage(params, flat["inputs"], flat["segment_ids"],
+                                         flat["positions"],
+                                         np.full((len(flat["inputs"]),), budget, np.int32)))
+        tokens_N = (flat["segment_ids"] > 0).sum(-1)
+        tokens_SN = tokens_N.reshape(s, -1)
+        return (cov_N.reshape(s, -1) * tokens_SN).sum(-1) / np.maximum(tokens_SN.sum(-1), 1)
+
+    return per_shard
+
+
+def make_balancer(cfg: Config, cost_model):
+    if not cfg.balance.dst:
+        return FixedBudgets(cfg.k_max)
+    from sparsebalance_jax.model import Transformer
+
+    model = Transformer(cfg.model, cfg.attention, cfg.attention.budget_buckets[-1])
+    return DstBalancer(cfg, cost_model, coverage_probe(cfg, model))
+
+
 def run(raw) -> dict:
     """Validates `raw` (a get_config() ConfigDict) against the devices, then trains."""
     maybe_initialize()  # Multi-process jobs join the coordinator before any backend starts.
     cfg = from_config_dict(raw, device_count=jax.device_count())
     print(describe(cfg), flush=True)
-    return train(cfg, data_iterator(cfg, latency_model(cfg)), FixedBudgets(cfg.k_max))
+    cost_model = latency_model(cfg)
+    return train(cfg, data_iterator(cfg, cost_model), make_balancer(cfg, cost_model))

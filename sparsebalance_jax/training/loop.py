@@ -82,7 +82,10 @@ def train(cfg: Config, data_iterator, balancer, *, show_progress: bool = True) -
     try:
         for step in range(start, cfg.train.num_steps):
             step_batch = next(data_iterator)
-            decision = balancer.decide(step_batch)
+            decision = balancer.decide(step_batch, state.params)
+            if not np.all((decision.budgets >= 1) & (decision.budgets <= decision.bucket)):
+                raise ValueError(f"step {step + 1}: budgets {np.unique(decision.budgets)} "
+                                 f"outside [1, bucket {decision.bucket}]")
             step_batch = dict(step_batch, budgets=decision.budgets)
             batch = to_step_layout(step_batch)
             t0 = time.perf_counter()

@@ -48,8 +48,9 @@ def dummy_inputs(batch: int, seq_len: int):
 def create_train_state(cfg: Config, mesh: Mesh, model: Transformer, rng: jax.Array):
     """Returns (state, state_shardings): parameters and optimizer state born sharded."""
     tx = make_optimizer(cfg.optimizer, cfg.train.num_steps)
-    # Shapes only; one row per data shard keeps the traced init cheap.
-    inputs = dummy_inputs(cfg.num_data_shards, cfg.attention.block_size)
+    # One row per data shard, just long enough for the largest budget bucket: a cheap init.
+    init_len = min(cfg.data.seq_len, cfg.attention.budget_buckets[-1] * cfg.attention.block_size)
+    inputs = dummy_inputs(cfg.num_data_shards, init_len)
 
     def init(rng):
         variables = model.init(rng, *inputs)
