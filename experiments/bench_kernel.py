@@ -33,6 +33,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from pallas_kernels.moba import (MobaBlockSizes, build_kv_layout, moba_attention,  # noqa: E402
                                  moba_gate, moba_reference)
+from pallas_kernels.moba import attention, gating, kernels  # noqa: E402
 
 HEADS = {"h128": (16, 16, 128), "h64": (14, 2, 64), "tiny": (2, 1, 16)}  # (Hq, Hkv, D)
 INTERPRET = False  # --interpret: CPU smoke runs of this script
@@ -132,6 +133,44 @@ def bench_moba(t, block, k, k_max, hq, hkv, d, bs, reps, gate=False):
   return row
 
 
+def profile_stages(t, block, k, hq, hkv, d, variants, reps):
+  """Times each stage alone (gating parts, row gathers, each kernel) per block-size variant."""
+  q, k_, v, do = inputs(0, 1, t, hq, hkv, d, jnp.bfloat16)
+  seg = jnp.ones((1, t), jnp.int32)
+  budget = jnp.asarray([k], jnp.int32)
+  n, gh = t // block, hq // hkv
+  row = dict(kind="profile", seq=t, block=block, k=k, heads=f"{hq}/{hkv}", d=d)
+  row["budget_check_ms"] = timeit(jax.jit(lambda b: (gating.check_budget(b, k_max=k), b)[1]),
+                                  budget, reps=reps)
+  scores = jax.jit(lambda q, k_: gating.gate_scores(q, k_, seg, block_size=block))
+  row["gate_scores_ms"] = timeit(scores, q, k_, reps=reps)
+  sc = scores(q, k_)
+  select = jax.jit(lambda sc, b: gating.select_blocks(sc, seg, b, block_size=block, k_max=k))
+  row["select_ms"] = timeit(select, sc, budget, reps=reps)
+  sel = select(sc, budget)
+  for bs in variants:
+    tag = f"r{bs.block_rows}_k{bs.block_k}_kd{bs.block_k_dkv}_w{bs.num_warps}_s{bs.num_stages}"
+    lay_fn = jax.jit(lambda sel: build_kv_layout(sel, seg, num_blocks=n, group_size=gh,
+                                                 block_rows=bs.block_rows))
+    row[f"layout_ms_{tag}"] = timeit(lay_fn, sel, reps=reps)
+    lay = lay_fn(sel)
+    rows_fn = jax.jit(lambda x: attention._to_rows(x, lay, hkv))
+    row[f"to_rows_ms_{tag}"] = timeit(rows_fn, q, reps=reps)
+    q_rows, do_rows = rows_fn(q), rows_fn(do)
+    fwd = jax.jit(lambda q_rows, k_, v: kernels.moba_forward_rows(
+        q_rows, lay, k_, v, seg, block_size=block, bs=bs, interpret=INTERPRET))
+    row[f"fwd_kernel_ms_{tag}"] = timeit(fwd, q_rows, k_, v, reps=reps)
+    o_rows, lse_rows = fwd(q_rows, k_, v)
+    args = (q_rows, do_rows, lse_rows, lse_rows * 0.01, lay, k_, v, seg)
+    dq = jax.jit(lambda *a: kernels.moba_dq_rows(*a, block_size=block, bs=bs,
+                                                 interpret=INTERPRET))
+    row[f"dq_kernel_ms_{tag}"] = timeit(dq, *args, reps=reps)
+    dkv = jax.jit(lambda *a: kernels.moba_dkv(*a, block_size=block, bs=bs, interpret=INTERPRET))
+    row[f"dkv_kernel_ms_{tag}"] = timeit(dkv, *args, reps=reps)
+    print({kk: round(vv, 3) for kk, vv in row.items() if tag in kk}, flush=True)
+  return row
+
+
 def r_squared(x, y):
   x, y = np.asarray(x, float), np.asarray(y, float)
   a, b = np.polyfit(x, y, 1)
@@ -149,6 +188,8 @@ def main():
                  help="k_max of the budget sweep (k = 2..k_max, one compile); 0 = none")
   p.add_argument("--variants", default="",
                  help="extra MobaBlockSizes for the first config, as 'rows,k,kdkv,warps,stages;...'")
+  p.add_argument("--profile", action="store_true",
+                 help="time each stage alone at the first (S, block, k, heads) for every variant")
   p.add_argument("--reps", type=int, default=10)
   p.add_argument("--skip-check", action="store_true")
   p.add_argument("--interpret", action="store_true", help="Pallas interpret mode (CPU smoke)")
@@ -159,6 +200,16 @@ def main():
   print("device:", jax.devices()[0].device_kind, "jax", jax.__version__, flush=True)
   bs0 = MobaBlockSizes()
   rows = [] if args.skip_check else check_correctness(bs0)
+  variants = [bs0] + [
+      MobaBlockSizes(block_rows=r, block_k=kk, block_k_dkv=kd, num_warps=w, num_stages=s,
+                     num_warps_bwd=w, num_stages_bwd=s)
+      for r, kk, kd, w, s in (tuple(int(x) for x in v.split(","))
+                              for v in args.variants.split(";") if v)]
+  if args.profile:
+    hq, hkv, d = HEADS[args.heads[0]]
+    rows.append(profile_stages(args.seqs[0], args.blocks[0], args.ks[0], hq, hkv, d, variants,
+                               args.reps))
+    print(rows[-1], flush=True)
 
   def save():
     with open(args.out, "w") as f:
@@ -174,14 +225,8 @@ def main():
         for k in args.ks:
           if k > t // block:
             continue
-          variants = [bs0]
-          if args.variants and t == args.seqs[0] and block == args.blocks[0] and k == args.ks[0]:
-            for v in args.variants.split(";"):
-              r, kk, kd, w, s = (int(x) for x in v.split(","))
-              variants.append(MobaBlockSizes(block_rows=r, block_k=kk, block_k_dkv=kd,
-                                             num_warps=w, num_stages=s, num_warps_bwd=w,
-                                             num_stages_bwd=s))
-          for bs in variants:
+          first = t == args.seqs[0] and block == args.blocks[0] and k == args.ks[0]
+          for bs in (variants if first and not args.profile else [bs0]):
             try:
               rows.append(bench_moba(t, block, k, k, hq, hkv, d, bs, args.reps, gate=bs is bs0))
             except Exception as e:  # a variant that fails to compile is reported, not fatal

@@ -239,51 +239,46 @@ def moba_coverage(q_BTHD, k_BTKD, segment_ids_BT, budget_B, *, block_size: int, 
 
 def build_kv_layout(sel: MobaSelection, segment_ids_BT: jax.Array, *, num_blocks: int,
                     group_size: int, block_rows: int) -> MobaKVLayout:
-  """Transpose the selection into the KV-centric sorted-row layout the kernels read."""
+  """Transpose the selection into the KV-centric sorted-row layout the kernels read.
+
+  Sort-free: a token's rank among the tokens that read block j is an inclusive
+  cumsum over tokens of the (token, block) selection bitmap, so the layout costs a
+  few passes over [T, N] integers instead of a sort of T * k_max keys.
+  """
   sel_BGTK = jnp.transpose(sel.selected_BTGK, (0, 2, 1, 3))
   b, g, t, kmax = sel_BGTK.shape
   n, gh, r = num_blocks, group_size, block_rows
-  e = t * kmax
-  cap_rows = -(-(e * gh + n * (r - 1)) // r) * r
-  keys_BGE = sel_BGTK.reshape(b, g, e)
-  order_BGE = jnp.argsort(keys_BGE, axis=-1, stable=True).astype(jnp.int32)
-  sorted_keys_BGE = jnp.take_along_axis(keys_BGE, order_BGE, axis=-1)
-  cnt_BGN = jax.vmap(jax.vmap(lambda k: jnp.bincount(k, length=n + 1)))(keys_BGE)[..., :n]
-  first_sorted_BGN = jnp.cumsum(cnt_BGN, axis=-1) - cnt_BGN
+  cap_rows = -(-(t * kmax * gh + n * (r - 1)) // r) * r
+  reads_BGTN = (sel_BGTK[..., None] == jnp.arange(n, dtype=jnp.int32)).any(axis=3)
+  csum_BGTN = jnp.cumsum(reads_BGTN.astype(jnp.int32), axis=2)
+  cnt_BGN = csum_BGTN[:, :, -1]
   padded_BGN = -(-(cnt_BGN * gh) // r) * r
   row_end_BGN = jnp.cumsum(padded_BGN, axis=-1).astype(jnp.int32)
   row_start_BGN = row_end_BGN - padded_BGN
-  # Rank of each sorted entry inside its block's run, then its first row.
-  valid_sorted_BGE = sorted_keys_BGE < n
-  kclip_BGE = jnp.minimum(sorted_keys_BGE, n - 1)
-  rank_BGE = jnp.arange(e)[None, None, :] - jnp.take_along_axis(first_sorted_BGN, kclip_BGE, -1)
-  row_sorted_BGE = jnp.take_along_axis(row_start_BGN, kclip_BGE, -1) + rank_BGE * gh
-  row_sorted_BGE = jnp.where(valid_sorted_BGE, row_sorted_BGE, cap_rows).astype(jnp.int32)
-  # Back to (token, slot) order.
-  entry_row_BGE = jnp.zeros_like(row_sorted_BGE).at[
-      jnp.arange(b)[:, None, None], jnp.arange(g)[None, :, None], order_BGE].set(row_sorted_BGE)
-  entry_row_BGTK = entry_row_BGE.reshape(b, g, t, kmax)
-  tok_E = jnp.arange(e, dtype=jnp.int32) // kmax
-  tok_sorted_BGE = jnp.take_along_axis(jnp.broadcast_to(tok_E, (b, g, e)), order_BGE, -1)
-  rows_BGEH = row_sorted_BGE[..., None] + jnp.arange(gh, dtype=jnp.int32)
-  src_BGEH = tok_sorted_BGE[..., None] * gh + jnp.arange(gh, dtype=jnp.int32)
-  bi = jnp.arange(b)[:, None, None, None]
-  gi = jnp.arange(g)[None, :, None, None]
-  row_tok_BGL = jnp.full((b, g, cap_rows), -1, jnp.int32).at[bi, gi, rows_BGEH].set(
-      jnp.broadcast_to(tok_sorted_BGE[..., None], rows_BGEH.shape), mode="drop")
-  row_src_BGL = jnp.zeros((b, g, cap_rows), jnp.int32).at[bi, gi, rows_BGEH].set(
-      src_BGEH, mode="drop")
-  has_tok_BGL = row_tok_BGL >= 0
-  tok_clip_BGL = jnp.maximum(row_tok_BGL, 0)
-  seg_BGL = jnp.take_along_axis(segment_ids_BT[:, None, :].astype(jnp.int32),
-                                tok_clip_BGL, axis=-1)
+  used_BGTK = sel_BGTK < n
+  blk_BGTK = jnp.minimum(sel_BGTK, n - 1)
+  rank_BGTK = jnp.take_along_axis(csum_BGTN, blk_BGTK, axis=3) - 1
+  start_BGTK = jnp.take_along_axis(row_start_BGN[:, :, None, :], blk_BGTK, axis=3)
+  entry_row_BGTK = jnp.where(used_BGTK, start_BGTK + rank_BGTK * gh, cap_rows).astype(jnp.int32)
+  # Inverse map: each row's (token, head) as token * Gh + head; -1 on padding rows.
+  rows_BGE = (entry_row_BGTK[..., None] + jnp.arange(gh, dtype=jnp.int32)).reshape(b, g, -1)
+  src_BGE = jnp.broadcast_to(
+      (jnp.arange(t, dtype=jnp.int32)[:, None, None] * gh + jnp.arange(gh, dtype=jnp.int32)),
+      (b, g, t, kmax, gh)).reshape(b, g, -1)
+  bi, gi = jnp.arange(b)[:, None, None], jnp.arange(g)[None, :, None]
+  src_BGL = jnp.full((b, g, cap_rows), -1, jnp.int32).at[bi, gi, rows_BGE].set(
+      src_BGE, mode="drop")
+  has_tok_BGL = src_BGL >= 0
+  row_src_BGL = jnp.maximum(src_BGL, 0)
+  tok_BGL = row_src_BGL // gh
+  seg_BGL = jnp.take_along_axis(segment_ids_BT[:, None, :].astype(jnp.int32), tok_BGL, axis=-1)
   row_seg_BGL = jnp.where(has_tok_BGL, seg_BGL, 0)
   num_chunks = cap_rows // r
   chunk_start_C = jnp.arange(num_chunks, dtype=jnp.int32) * r
-  blk_BGC = jax.vmap(jax.vmap(lambda ends: jnp.searchsorted(ends, chunk_start_C, side="right")))(
-      row_end_BGN)
+  # Block of each chunk: how many blocks end at or before its first row.
+  blk_BGC = (row_end_BGN[:, :, None, :] <= chunk_start_C[:, None]).sum(-1, dtype=jnp.int32)
   chunk_block_BGC = jnp.where(blk_BGC < n, blk_BGC, -1).astype(jnp.int32)
   block_chunks_BGN2 = jnp.stack([row_start_BGN // r, row_end_BGN // r], axis=-1).astype(jnp.int32)
-  return MobaKVLayout(row_src_BGL=row_src_BGL, row_seg_BGL=row_seg_BGL, row_pos_BGL=tok_clip_BGL,
+  return MobaKVLayout(row_src_BGL=row_src_BGL, row_seg_BGL=row_seg_BGL, row_pos_BGL=tok_BGL,
                       entry_row_BGTK=entry_row_BGTK, chunk_block_BGC=chunk_block_BGC,
                       block_chunks_BGN2=block_chunks_BGN2)
