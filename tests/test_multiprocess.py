@@ -30,7 +30,7 @@ TINY = [
     "--config.model.compute_dtype=float32",
     "--config.mesh.data=-1", "--config.mesh.fsdp=2",
     f"--config.train.num_steps={STEPS}", f"--config.train.checkpoint_every={STEPS}",
-    "--config.optimizer.warmup_steps=2",
+    "--config.optimizer.warmup_steps=2", "--config.balance.dst=False",
 ]
 # float32 compute; the two runs differ only in how the cross-device sums are ordered.
 F32 = dict(rtol=2e-5, atol=2e-6)
