@@ -1,0 +1,147 @@
+"""One-device straggler benchmark: simulated data parallelism, MoBA + LBB vs +DST, +SAB, +SAB+DST.
+
+    python -m experiments.bench_balance [--latency_table=DIR] [--out=DIR]
+
+Every shard's micro-batches run forward+backward on the one device and are timed; a step costs
+the slowest shard plus a modeled all-reduce (see `sparsebalance_jax.balance.simulate` for the
+exact rules). Model: the `gpu` preset of configs/longbench.py (Qwen2.5-0.5B shape) with
+--layers layers; MoBA block --block_size, base budget --budget, compiled buckets --buckets;
+tuner anchor / p / coverage floor / EMA decay from the config's `balance` section. Documents:
+the config's text source with LongAlign-like and ChatQA2-like lengths scaled so the longest
+possible document (72K) fills one row of --seq_len tokens. Writes bench_balance.json (every
+step: per-shard predicted and measured times, budgets, coverage), bench_balance.png and
+bench_balance.md to --out, and prints the table last.
+
+Tiny CPU run (Pallas interpret mode, the `cpu` preset's model):
+    python -m experiments.bench_balance --interpret --shards=2 --steps=2 --seq_len=256 \
+        --block_size=32 --budget=4 --buckets=4,6 --layers=1 --repeats=1 --min_doc_len=16 \
+        --out=/tmp/bench_balance
+"""
+
+import dataclasses
+import importlib
+import json
+import os
+import time
+
+from absl import app, flags
+
+_WORKLOADS = flags.DEFINE_list("workloads", ["longalign", "chatqa2"], "Length distributions.")
+_SHARDS = flags.DEFINE_integer("shards", 8, "Simulated data-parallel shards.")
+_STEPS = flags.DEFINE_integer("steps", 6, "Global batches of documents per workload.")
+_SEQ_LEN = flags.DEFINE_integer("seq_len", 16384, "Tokens per packed row.")
+_LAYERS = flags.DEFINE_integer("layers", 4, "Decoder layers (the preset's shape otherwise).")
+_MICRO = flags.DEFINE_integer("micro_batches", 2, "Micro-batches per shard and step.")
+_ROWS = flags.DEFINE_integer("rows", 1, "Rows per micro-batch.")
+_BLOCK = flags.DEFINE_integer("block_size", 256, "MoBA block size.")
+_BUDGET = flags.DEFINE_integer("budget", 16, "Base MoBA budget k (blocks per query).")
+_BUCKETS = flags.DEFINE_list("buckets", ["16", "24"], "Budget buckets (static k_max values).")
+_REPEATS = flags.DEFINE_integer("repeats", 3, "Timed calls per micro-batch (median), after one "
+                                "warm-up call.")
+_TABLE = flags.DEFINE_string("latency_table", "", "Profiled latency tables folder; empty: the "
+                             "analytic latency model.")
+_BUS = flags.DEFINE_float("bus_gbps", 400.0, "All-reduce bus bandwidth, GB/s (NVLink-class).")
+_ATTENTION = flags.DEFINE_enum("attention", "moba", ["moba", "reference"],
+                               "Attention implementation (reference: dense, ignores budgets).")
+_INTERPRET = flags.DEFINE_bool("interpret", False, "CPU run: Pallas interpret mode and the "
+                               "config's `cpu` preset model.")
+_MIN_DOC = flags.DEFINE_integer("min_doc_len", 128, "Shortest document in tokens.")
+_SEED = flags.DEFINE_integer("seed", 0, "Seed of documents, batchers and parameters.")
+_OUT = flags.DEFINE_string("out", None, "Output folder (default: $OUT, else runs/bench_balance).")
+
+_LONGEST_UNSCALED = 72 * 1024  # Longest document of both length distributions at real scale.
+
+
+def _config():
+    from sparsebalance_jax import config as config_lib
+
+    raw = importlib.import_module("configs.longbench").get_config(
+        "cpu" if _INTERPRET.value else "gpu")
+    raw.model.num_layers = _LAYERS.value
+    raw.mesh.data = raw.mesh.fsdp = raw.mesh.tensor = 1  # One device runs every shard in turn.
+    raw.attention.implementation = _ATTENTION.value
+    raw.balance.dst = _ATTENTION.value == "moba"  # The config allows DST on MoBA only.
+    raw.attention.interpret = _INTERPRET.value
+    raw.attention.block_size = _BLOCK.value
+    raw.attention.budget = _BUDGET.value
+    raw.attention.budget_buckets = tuple(int(b) for b in _BUCKETS.value)
+    raw.data.seq_len = _SEQ_LEN.value
+    raw.data.min_doc_len = _MIN_DOC.value
+    raw.data.max_doc_len = _SEQ_LEN.value
+    raw.data.micro_batches = _MICRO.value
+    raw.data.rows_per_micro_batch = _ROWS.value
+    raw.data.seed = _SEED.value
+    return config_lib.from_config_dict(raw)
+
+
+def main(argv):
+    del argv
+    import jax
+
+    from sparsebalance_jax.balance import latency, report, simulate, tuner
+    from sparsebalance_jax.training.launch import data_spec
+
+    out = _OUT.value or os.environ.get("OUT") or "runs/bench_balance"
+    os.makedirs(out, exist_ok=True)
+    cfg = _config()
+    b = cfg.balance
+    setup = simulate.BenchSetup(
+        num_shards=_SHARDS.value, micro_batches=_MICRO.value, rows_per_micro_batch=_ROWS.value,
+        row_len=_SEQ_LEN.value, steps=_STEPS.value, base_budget=_BUDGET.value,
+        tuner=tuner.TunerConfig(anchor=b.anchor, p=b.p, coverage_floor=b.coverage_floor,
+                                buckets=cfg.attention.budget_buckets),
+        ema_decay=b.ema_decay, repeats=_REPEATS.value, bus_bytes_per_s=_BUS.value * 1e9,
+        seed=_SEED.value)
+    device = jax.devices()[0]
+    shape = latency.LayerShape.from_model_config(cfg.model, _BLOCK.value)
+    kind = "profiled" if _TABLE.value else "analytic"
+    cost_model = latency.make_latency_model(kind, shape, table_dir=_TABLE.value,
+                                            device_kind=device.device_kind)
+    start = time.perf_counter()
+    runner = simulate.DeviceRunner(cfg, _SEED.value)
+    allreduce = simulate.allreduce_seconds(runner.param_bytes, setup.num_shards,
+                                           setup.bus_bytes_per_s)
+    settings = dict(
+        device=device.device_kind, backend=jax.default_backend(), latency_model=kind,
+        latency_table=_TABLE.value, layers=_LAYERS.value, layer_shape=shape.key(),
+        attention=_ATTENTION.value, interpret=_INTERPRET.value, shards=setup.num_shards,
+        micro_batches=setup.micro_batches, rows_per_micro_batch=setup.rows_per_micro_batch,
+        seq_len=setup.row_len, steps=setup.steps, base_budget=setup.base_budget,
+        buckets=list(setup.tuner.buckets), anchor=b.anchor, p=b.p,
+        coverage_floor=b.coverage_floor, ema_decay=b.ema_decay, repeats=setup.repeats,
+        timing="per micro-batch: 1 warm-up call, then the median of `repeats` blocking calls",
+        coverage="moba_coverage on layer-0 q/k of the initial parameters",
+        param_bytes=runner.param_bytes, bus_gbps=_BUS.value, allreduce_seconds=allreduce,
+        length_scale=_SEQ_LEN.value / _LONGEST_UNSCALED, min_doc_len=_MIN_DOC.value,
+        seed=_SEED.value)
+    print(json.dumps(settings), flush=True)
+
+    def log(line: str) -> None:
+        print(f"[{time.perf_counter() - start:7.1f} s] {line}", flush=True)
+
+    results = {}
+    for workload in _WORKLOADS.value:
+        spec = dataclasses.replace(data_spec(cfg), length_distribution=workload,
+                                   length_scale=_SEQ_LEN.value / _LONGEST_UNSCALED,
+                                   text_weight=1.0, synthetic_weight=0.0, jsonl_weight=0.0)
+        results[workload] = simulate.run_workload(spec, setup, runner, cost_model,
+                                                  _BLOCK.value, log)
+    settings["compiles_total"] = runner.cache.compiles
+    settings["wall_seconds"] = time.perf_counter() - start
+    with open(os.path.join(out, "bench_balance.json"), "w") as f:
+        json.dump({"settings": settings, "workloads": results}, f)
+    title = (f"{device.device_kind}: {_LAYERS.value}-layer {shape.key()}, {setup.num_shards} "
+             f"shards x {setup.micro_batches} x {setup.rows_per_micro_batch} rows of "
+             f"{setup.row_len}, budget {setup.base_budget}, {kind} latency model")
+    report.write_png(os.path.join(out, "bench_balance.png"), results, title)
+    table = report.markdown_table(results)
+    with open(os.path.join(out, "bench_balance.md"), "w") as f:
+        f.write(f"{title}; all-reduce {1e3 * allreduce:.2f} ms/step at {_BUS.value:g} GB/s; "
+                f"{runner.cache.compiles} compiles in total.\n\n{table}\n")
+    log(f"wrote {out}/bench_balance.{{json,png,md}}; {runner.cache.compiles} compiles in total")
+    print(title, flush=True)
+    print(table, flush=True)
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,307 @@
+"""Simulated data parallelism on one device: the straggler benchmark's measurement logic.
+
+Owns how the one-device benchmark (`experiments/bench_balance.py`) turns documents into
+measured synchronous steps, for the four ablation rows (`METHODS`): MoBA at a fixed budget with
+length-based batching (the baseline), + DST (tuned per-shard budgets), + SAB (sparsity-aware
+batching), + SAB + DST.
+
+What is measured (DESIGN.md, "Definitions used in every measurement"):
+
+- Documents: the pipeline's documents (`data.pipeline.document_dataset`) in index order, as
+  many as fill `steps` global batches under the batcher's window rule; every row plans the same
+  documents as one window of `steps` global batches (`data.batching`), so rows differ only in
+  who goes where and at which budget.
+- A shard's time is measured, not modeled: every (shard, micro-batch) of a step runs the
+  model's forward+backward (`training.step.loss_and_grads` on that one micro-batch, gradients
+  included, no optimizer update: parameters stay at their initial values) one after another on
+  the one device; each micro-batch's time is `timing.time_call`: one warm-up call, then the
+  median of `repeats` blocking calls. A shard's time is the sum over its micro-batches.
+- A synchronous step costs max over shards + a modeled ring all-reduce of the float32
+  gradients, 2 (N - 1) / N * parameter bytes / bus bandwidth, identical for every row.
+- Imbalance: max / mean of the shards' measured times, per step, mean over steps. Speedup: the
+  baseline's summed step time over the row's.
+- Budgets are per shard (all rows of a shard share one). The tuner sees a shard as one unit:
+  its micro-batches' predictions summed (`tuner.shard_latency_table`, one layer's latency model,
+  padding included), corrected online per shard by `EmaCorrection` with the shard's measured
+  time at the budgets it ran. The latency model prices one layer and the measurement is the
+  whole model; the EMA ratio absorbs the scale (layers, embedding, LM head), and since every
+  layer sees the same documents at the same budget, per-shard imbalance is a per-layer quantity.
+- Tuner overhead: host time of the decision, building the shard x budget latency table
+  included. The coverage the floor needs is computed on the device beforehand (in training it
+  would come from the forward's own gate) and timed separately (`coverage_seconds`).
+- Coverage: `pallas_kernels.moba.moba_coverage` on the first layer's q / k of the current
+  (initial) parameters, per row, averaged over a shard's rows weighted by their non-padding
+  tokens (`training.launch.coverage_probe`, the train loop's own probe). Computed only at the
+  budgets the tuner asks about and at the chosen ones.
+- Compiles: one `CompileCache` (one compiled step per budget bucket and shape) is shared by
+  every row and workload; a row's `compiles` is the number of distinct compiled steps it ran,
+  each of which was a real compile (counted by the cache) when first needed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from typing import Any, Callable
+
+import flax.linen as nn
+import grain
+import jax
+import numpy as np
+
+from sparsebalance_jax.balance.compile_cache import CompileCache
+from sparsebalance_jax.balance.latency import LatencyModel
+from sparsebalance_jax.balance.timing import time_call
+from sparsebalance_jax.balance.tuner import Tuner, TunerConfig, shard_latency_table
+from sparsebalance_jax.config import AttentionConfig, Config, ModelConfig
+from sparsebalance_jax.data import batching
+from sparsebalance_jax.data.packing import aligned_length
+from sparsebalance_jax.data.pipeline import DataSpec, document_dataset
+from sparsebalance_jax.model import Transformer
+from sparsebalance_jax.training.launch import coverage_probe
+from sparsebalance_jax.training.state import dummy_inputs
+from sparsebalance_jax.training.step import BATCH_KEYS, loss_and_grads
+
+
+@dataclasses.dataclass(frozen=True)
+class Method:
+    """One ablation row: which batcher, and whether DST tunes the budgets."""
+
+    name: str
+    batcher: str
+    dst: bool
+
+
+METHODS = (Method("baseline", "lbb", False), Method("+DST", "lbb", True),
+           Method("+SAB", "sab", False), Method("+SAB+DST", "sab", True))
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchSetup:
+    """Geometry, budgets and measurement settings shared by every row and workload."""
+
+    num_shards: int
+    micro_batches: int
+    rows_per_micro_batch: int
+    row_len: int
+    steps: int  # Global batches of documents (the rows plan them as one window).
+    base_budget: int
+    tuner: TunerConfig  # `enabled` is set per row; buckets are the compiled k_max values.
+    ema_decay: float
+    repeats: int  # Timed calls per micro-batch (median), after one warm-up call.
+    bus_bytes_per_s: float  # All-reduce bus bandwidth of the modeled collective.
+    seed: int
+    fill: float = batching.DEFAULT_FILL
+
+    def __post_init__(self):
+        for name in ("num_shards", "micro_batches", "rows_per_micro_batch", "row_len", "steps",
+                     "repeats"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"BenchSetup.{name}={getattr(self, name)} must be >= 1")
+        if not 1 <= self.base_budget <= self.tuner.k_max:
+            raise ValueError(f"BenchSetup.base_budget={self.base_budget} outside [1, largest "
+                             f"bucket {self.tuner.k_max}]")
+        if self.bus_bytes_per_s <= 0:
+            raise ValueError("BenchSetup.bus_bytes_per_s must be positive")
+
+    def geometry(self, block_size: int) -> batching.StepGeometry:
+        return batching.StepGeometry(self.num_shards, self.micro_batches,
+                                     self.rows_per_micro_batch, self.row_len, block_size)
+
+
+def allreduce_seconds(param_bytes: int, num_shards: int, bus_bytes_per_s: float) -> float:
+    """Ring all-reduce time of `param_bytes` of gradients over `num_shards` ranks."""
+    return 2.0 * (num_shards - 1) / num_shards * param_bytes / bus_bytes_per_s
+
+
+def collect_documents(spec: DataSpec, setup: BenchSetup, block_size: int) -> list[dict]:
+    """The stream's first documents that fill `steps` global batches (the window rule)."""
+    geometry = setup.geometry(block_size)
+    target = setup.steps * batching.step_capacity_tokens(geometry, setup.fill)
+    source = document_dataset(spec, setup.seed)
+    docs, tokens = [], 0
+    for i in range(len(source)):
+        doc = source[i]
+        a = aligned_length(len(doc["inputs"]), block_size)
+        if not batching.window_accepts(tokens, a, target):
+            return docs
+        docs.append(doc)
+        tokens += a
+    raise AssertionError("unreachable: the document stream is unbounded")
+
+
+def plan_steps(docs: list[dict], batcher: str, setup: BenchSetup, block_size: int,
+               cost_model: LatencyModel) -> list[dict[str, np.ndarray]]:
+    """Step batches [S, M, R, T] of `docs` planned by `batcher` as one window."""
+    stream = grain.MapDataset.source(docs).to_iter_dataset()
+    steps = batching.make_batcher(
+        batcher, stream, num_shards=setup.num_shards, micro_batches=setup.micro_batches,
+        rows_per_micro_batch=setup.rows_per_micro_batch, row_len=setup.row_len,
+        align=block_size, base_budget=setup.base_budget, window=setup.steps,
+        cost_model=cost_model, seed=setup.seed, fill=setup.fill)
+    return list(steps)
+
+
+def _fwd_bwd(params, batch, *, model_cfg: ModelConfig, attention_cfg: AttentionConfig,
+             k_max: int):
+    return loss_and_grads(Transformer(model_cfg, attention_cfg, k_max), params, batch)
+
+
+class DeviceRunner:
+    """The model on the device: initial parameters, timed micro-batch fwd+bwd, layer-0 coverage.
+
+    One instance serves every row and workload, so its `CompileCache` counts each real compile
+    once; `used` records which compiled steps a row ran.
+    """
+
+    def __init__(self, cfg: Config, seed: int):
+        buckets = cfg.attention.budget_buckets
+        model = Transformer(cfg.model, cfg.attention, buckets[-1])
+        init_len = min(cfg.data.seq_len, buckets[-1] * cfg.attention.block_size)
+        inputs = dummy_inputs(1, init_len)
+        self.params = jax.jit(lambda r: nn.meta.unbox(model.init(r, *inputs))["params"])(
+            jax.random.key(seed))
+        self.param_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(self.params))
+        jitted = jax.jit(functools.partial(_fwd_bwd, model_cfg=cfg.model,
+                                           attention_cfg=cfg.attention),
+                         static_argnames="k_max")
+        self.cache = CompileCache(jitted, buckets)
+        self._coverage = coverage_probe(cfg, model)
+
+    def time_micro_batch(self, bucket: int, mb: dict[str, jax.Array], repeats: int,
+                         used: set) -> float:
+        """Median seconds of one micro-batch's forward+backward, compiled for `bucket`."""
+        compiled = self.cache.compiled(bucket, self.params, mb)
+        used.add((bucket, tuple(mb["inputs"].shape)))
+        return time_call(compiled, self.params, mb, warmup=1, repeats=repeats)
+
+    def shard_coverage(self, step_batch: dict[str, np.ndarray], budget: int) -> np.ndarray:
+        """Coverage float64 [S] of every shard's rows at `budget` (token-weighted)."""
+        return np.asarray(self._coverage(step_batch, self.params, budget), np.float64)
+
+
+def _micro_batch(step_batch: dict[str, np.ndarray], s: int, m: int,
+                 budget: int) -> dict[str, jax.Array]:
+    """Shard s's micro-batch m in the step layout [1, R, T] (budgets [1, R]), on the device."""
+    mb = {k: step_batch[k][s, m][None] for k in BATCH_KEYS if k != "budgets"}
+    mb["budgets"] = np.full((1, step_batch["inputs"].shape[2]), budget, np.int32)
+    return jax.device_put(mb)
+
+
+def run_method(method: Method, step_batches: list[dict[str, np.ndarray]], setup: BenchSetup,
+               runner: DeviceRunner, cost_model: LatencyModel,
+               log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Run one row over its step batches; returns {"steps": [per-step records], "summary"}."""
+    S, M = setup.num_shards, setup.micro_batches
+    config = dataclasses.replace(setup.tuner, enabled=method.dst)
+    tuner = Tuner(config, S, ema_decay=setup.ema_decay)
+    allreduce = allreduce_seconds(runner.param_bytes, S, setup.bus_bytes_per_s)
+    padded = setup.rows_per_micro_batch * setup.row_len
+    used: set = set()
+    records = []
+    for t, batch in enumerate(step_batches):
+        # Coverage only at the budgets the tuner asks about (those it might lower a shard to),
+        # and at the chosen ones; device time kept apart from the decision's host time.
+        by_budget: dict[int, np.ndarray] = {}
+        coverage_seconds = 0.0
+
+        def coverage(s: int, k: int) -> float:
+            nonlocal coverage_seconds
+            if k not in by_budget:
+                start = time.perf_counter()
+                by_budget[k] = runner.shard_coverage(batch, k)
+                coverage_seconds += time.perf_counter() - start
+            return float(by_budget[k][s])
+
+        start = time.perf_counter()
+        seconds_SK = shard_latency_table(batch["doc_lengths"], cost_model, config.k_max,
+                                         padded_tokens=padded)
+        decision = tuner.decide(setup.base_budget, lambda s, k: seconds_SK[s, k],
+                                coverage=coverage)
+        host_seconds = time.perf_counter() - start - coverage_seconds if method.dst else 0.0
+        coverage_S = np.array([coverage(s, int(k)) for s, k in enumerate(decision.budgets_S)])
+
+        measured_SM = np.zeros((S, M))
+        for s in range(S):
+            for m in range(M):
+                mb = _micro_batch(batch, s, m, int(decision.budgets_S[s]))
+                measured_SM[s, m] = runner.time_micro_batch(decision.bucket, mb, setup.repeats,
+                                                            used)
+        measured_S = measured_SM.sum(axis=1)
+        predicted_uncorrected_S = seconds_SK[np.arange(S), decision.budgets_S]
+        tuner.observe(measured_S, predicted_uncorrected_S)
+        record = dict(
+            step=t, bucket=decision.bucket, budgets_S=decision.budgets_S.tolist(),
+            measured_SM=measured_SM.tolist(), measured_S=measured_S.tolist(),
+            predicted_before_S=decision.predicted_before_S.tolist(),
+            predicted_after_S=decision.predicted_after_S.tolist(),
+            predicted_uncorrected_S=predicted_uncorrected_S.tolist(),
+            batcher_predicted_S=batch["predicted_seconds"].sum(axis=1).tolist(),
+            coverage_S=coverage_S.tolist(),
+            tokens_S=(batch["segment_ids"] != 0).reshape(S, -1).sum(-1).tolist(),
+            imbalance=float(measured_S.max() / measured_S.mean()),
+            step_seconds=float(measured_S.max() + allreduce), allreduce_seconds=allreduce,
+            tuner_seconds=host_seconds, coverage_seconds=coverage_seconds,
+            doc_ids=sorted(int(i) for i in batch["doc_ids"].ravel() if i >= 0))
+        records.append(record)
+        log(f"  {method.name:>9} step {t + 1}/{len(step_batches)}: shards "
+            f"{1e3 * measured_S.min():.1f}-{1e3 * measured_S.max():.1f} ms, imbalance "
+            f"{record['imbalance']:.3f}, budgets {decision.budgets_S.tolist()}")
+    return {"steps": records, "summary": _summarize(records, len(used), config)}
+
+
+def _imbalance(x_TS: np.ndarray) -> float:
+    return float(np.mean(x_TS.max(axis=1) / x_TS.mean(axis=1)))
+
+
+def _summarize(records: list[dict], compiles: int, config: TunerConfig) -> dict[str, Any]:
+    measured_TS = np.array([r["measured_S"] for r in records])
+    before_TS = np.array([r["predicted_before_S"] for r in records])
+    after_TS = np.array([r["predicted_after_S"] for r in records])
+    tokens_TS = np.array([r["tokens_S"] for r in records], dtype=np.float64)
+    coverage_TS = np.array([r["coverage_S"] for r in records])
+    step_T = np.array([r["step_seconds"] for r in records])
+    tuner_T = np.array([r["tuner_seconds"] for r in records])
+    # The EMA has seen no measurement before the first step; its error counts from step 2 on.
+    error = (np.abs(after_TS[1:] - measured_TS[1:]) / measured_TS[1:]) if len(records) > 1 \
+        else np.full((1,), np.nan)
+    doc_ids = [i for r in records for i in r["doc_ids"]]
+    return dict(
+        steps=len(records),
+        imbalance=_imbalance(measured_TS),
+        predicted_imbalance_before=_imbalance(before_TS),
+        predicted_imbalance_after=_imbalance(after_TS),
+        mean_step_seconds=float(step_T.mean()), total_seconds=float(step_T.sum()),
+        mean_max_shard_seconds=float(measured_TS.max(axis=1).mean()),
+        tuner_ms=float(1e3 * tuner_T.mean()),
+        tuner_pct=float(100 * tuner_T.sum() / step_T.sum()),
+        compiles=compiles, buckets=len(config.buckets),
+        mean_budget=float(np.mean([r["budgets_S"] for r in records])),
+        mean_coverage=float((coverage_TS * tokens_TS).sum() / tokens_TS.sum()),
+        min_shard_coverage=float(coverage_TS.min()),
+        prediction_error=float(np.mean(error)),
+        documents=len(doc_ids), distinct_documents=len(set(doc_ids)))
+
+
+def run_workload(spec: DataSpec, setup: BenchSetup, runner: DeviceRunner,
+                 cost_model: LatencyModel, block_size: int,
+                 log: Callable[[str], None] = print) -> dict[str, Any]:
+    """All rows of `METHODS` on one document stream; speedups relative to the baseline."""
+    docs = collect_documents(spec, setup, block_size)
+    lengths = [len(d["inputs"]) for d in docs]
+    log(f"{spec.length_distribution}: {len(docs)} documents, {sum(lengths)} tokens, lengths "
+        f"{min(lengths)}-{max(lengths)} (median {int(np.median(lengths))})")
+    plans = {b: plan_steps(docs, b, setup, block_size, cost_model)
+             for b in sorted({m.batcher for m in METHODS})}
+    rows = {}
+    for method in METHODS:
+        rows[method.name] = run_method(method, plans[method.batcher], setup, runner,
+                                       cost_model, log)
+    baseline_total = rows[METHODS[0].name]["summary"]["total_seconds"]
+    for row in rows.values():
+        summary = row["summary"]
+        summary["speedup"] = baseline_total / summary["total_seconds"]
+        summary["every_document_once"] = (summary["documents"] == len(docs)
+                                          == summary["distinct_documents"])
+    return {"documents": len(docs), "doc_lengths": lengths, "rows": rows}
