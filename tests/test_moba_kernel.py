@@ -146,6 +146,10 @@ def test_budget_out_of_range_is_an_error():
   seg = jnp.ones((2, 64), jnp.int32)
   with pytest.raises(ValueError, match="budget_B"):
     moba_attention(q, k, v, seg, jnp.asarray([5, 1]), block_size=16, k_max=4, interpret=True)
+  f = jax.jit(lambda b: moba_attention(q, k, v, seg, b, block_size=16, k_max=4,
+                                       block_sizes=SMALL, interpret=True))
+  out = np.asarray(f(jnp.asarray([0, 2], jnp.int32)))  # traced: the bad row is NaN
+  assert np.all(np.isnan(out[0])) and np.all(np.isfinite(out[1]))
 
 
 @pytest.mark.gpu

@@ -31,8 +31,9 @@ Semantics (exact; kernels and the dense reference compute the same function):
 * Budget k_b (budget_B[b], runtime data): the own block plus the top (k_b - 1)
   eligible blocks by gate score (ties: lower block index first); fewer when fewer
   are eligible. 1 <= k_b <= k_max is required: a concrete budget_B out of range
-  raises ValueError at once; a traced one raises the same ValueError from a host
-  callback when the compiled program runs. Changing budgets never recompiles.
+  raises ValueError at once; under jit (traced budget) the rows out of range get
+  NaN outputs and NaN coverage (a host-callback check cost ~1 ms per call on the
+  H200). Changing budgets never recompiles.
 * Attention: exact softmax (scale 1/sqrt(D)) over the keys of the selected blocks
   and the own block, restricted to the same document and to key position <= query
   position (which binds only in the own block). Padding queries output 0 and get

@@ -47,14 +47,16 @@ def _group_to_BTH(x_BGTGh, b, t, hq):
   return jnp.moveaxis(x_BGTGh, 1, 2).reshape(b, t, hq, *rest)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8))
-def _moba_core(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, sel, layout, block_size, bs, interpret):
-  out, _ = _moba_fwd(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, sel, layout, block_size, bs,
+@functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8, 9))
+def _moba_core(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, ok_B, sel, layout, block_size, bs,
+               interpret):
+  out, _ = _moba_fwd(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, ok_B, sel, layout, block_size, bs,
                      interpret)
   return out
 
 
-def _moba_fwd(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, sel, layout, block_size, bs, interpret):
+def _moba_fwd(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, ok_B, sel, layout, block_size, bs,
+              interpret):
   b, t, hq, d = q_BTHD.shape
   hkv = k_BTKD.shape[2]
   gh = hq // hkv
@@ -71,6 +73,7 @@ def _moba_fwd(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, sel, layout, block_size, b
   o_BGTKHD = jnp.where(used_BGTK[..., None, None],
                        _from_entries(o_BGLD, layout, gh).astype(jnp.float32), 0.0)
   o_BGTHD = jnp.einsum("bgtkh,bgtkhd->bgthd", w_BGTKH, o_BGTKHD) / denom_BGTH[..., None]
+  o_BGTHD = jnp.where(ok_B[:, None, None, None, None], o_BGTHD, jnp.nan)  # budget out of range
   lse_BGTH = jnp.where(any_BGT1H[:, :, :, 0], mx_BGTH + jnp.log(denom_BGTH), 0.0)
   out_BTHD = _group_to_BTH(o_BGTHD, b, t, hq).astype(q_BTHD.dtype)
   lse_BTH = _group_to_BTH(lse_BGTH, b, t, hq)
@@ -96,7 +99,7 @@ def _moba_bwd(block_size, bs, interpret, res, do_BTHD):
   used_BGTK = jnp.transpose(sel.selected_BTGK, (0, 2, 1, 3)) < t // block_size
   dq_BGTKHD = jnp.where(used_BGTK[..., None, None], _from_entries(dq_BGLD, layout, gh), 0.0)
   dq_BTHD = _group_to_BTH(dq_BGTKHD.sum(axis=3), b, t, hq).astype(q_BTHD.dtype)
-  return dq_BTHD, dk_BTKD, dv_BTKD, None, None, None
+  return dq_BTHD, dk_BTKD, dv_BTKD, None, None, None, None
 
 
 _moba_core.defvjp(_moba_fwd, _moba_bwd)
@@ -114,10 +117,11 @@ def moba_attention(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, budget_B, *, block_si
   bs = (block_sizes or MobaBlockSizes()).fit(block_size)
   bs.check(block_size)
   segment_ids_BT = segment_ids_BT.astype(jnp.int32)
+  ok_B = gating.check_budget(budget_B, k_max=k_max)
   sel = gating.moba_gate(q_BTHD, k_BTKD, segment_ids_BT, budget_B, block_size=block_size,
                          k_max=k_max)
   layout = gating.build_kv_layout(sel, segment_ids_BT, num_blocks=q_BTHD.shape[1] // block_size,
                                   group_size=q_BTHD.shape[2] // k_BTKD.shape[2],
                                   block_rows=bs.block_rows)
-  return _moba_core(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, sel, layout, block_size, bs,
+  return _moba_core(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, ok_B, sel, layout, block_size, bs,
                     interpret)

@@ -29,8 +29,8 @@ def reference_gate_scores(q_BTHD, k_BTKD, segment_ids_BT, *, block_size: int) ->
                           precision=_HIGHEST)
   cnt_BTN = same_BTNP.sum(-1)
   qg_BTGD = q_BTHD.astype(jnp.float32).reshape(b, t, hkv, -1, d).sum(3)
-  scores_BTGN = jnp.einsum("btgd,btngd->btgn", qg_BTGD, ksum_BTNGD, precision=_HIGHEST)
-  scores_BTGN = scores_BTGN / jnp.maximum(cnt_BTN, 1)[:, :, None, :]
+  gkey_BTNGD = ksum_BTNGD / jnp.maximum(cnt_BTN, 1)[..., None, None]
+  scores_BTGN = gating.gate_dot("btgd,btngd->btgn", qg_BTGD, gkey_BTNGD)
   own_BT1 = (jnp.arange(t) // block_size)[None, :, None]
   eligible_BTN = (jnp.arange(n)[None, None, :] < own_BT1) & (cnt_BTN > 0)
   return jnp.where(eligible_BTN[:, :, None, :], scores_BTGN, -jnp.inf)
@@ -41,7 +41,7 @@ def moba_reference(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, budget_B, *, block_si
   """Dense masked MoBA attention with the same signature as `moba_attention`."""
   gating.validate_shapes(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, budget_B,
                          block_size=block_size, k_max=k_max)
-  gating.check_budget(budget_B, k_max=k_max)
+  ok_B = gating.check_budget(budget_B, k_max=k_max)
   b, t, hq, d = q_BTHD.shape
   hkv = k_BTKD.shape[2]
   gh = hq // hkv
@@ -65,4 +65,5 @@ def moba_reference(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, budget_B, *, block_si
   p_BHTU = jax.nn.softmax(s_BHTU, axis=-1)
   o_BTHD = jnp.einsum("bhtu,buhd->bthd", p_BHTU, v_BTHD, precision=_HIGHEST)
   o_BTHD = jnp.where((segment_ids_BT != 0)[:, :, None, None], o_BTHD, 0.0)
+  o_BTHD = jnp.where(ok_B[:, None, None, None], o_BTHD, jnp.nan)
   return o_BTHD.astype(q_BTHD.dtype)
