@@ -40,13 +40,15 @@ def write_png(path: str, results: Mapping[str, Mapping[str, Any]], title: str) -
             ax.plot(t, measured_TS.max(axis=1), "k-", lw=2, label="max (step)")
             ax.set_title(f"{name} / {method}", fontsize=9)
             ax.set_ylabel("shard ms")
+            ax.set_xticks(t)
             ax.legend(fontsize=7)
             ax = fig.add_subplot(grid[2 * w + 1, c])
             ax.plot(t, budgets_TS, lw=0.8, marker=".")
             ax.set_ylabel("shard budget k")
+            ax.set_xticks(t)
             ax.set_xlabel("step")
     ax = fig.add_subplot(grid[-1, :])
-    labels, width = [], 0.27
+    width = 0.27
     keys = (("predicted_imbalance_before", "predicted, base budget"),
             ("predicted_imbalance_after", "predicted, chosen budgets"),
             ("imbalance", "measured"))
@@ -56,6 +58,9 @@ def write_png(path: str, results: Mapping[str, Mapping[str, Any]], title: str) -
         ax.bar(x + (i - 1) * width, values, width, label=label)
     labels = [f"{n}\n{m}" for n in workloads for m in methods]
     ax.set_xticks(x, labels, fontsize=7)
+    low = min(results[n]["rows"][m]["summary"][k] for n in workloads for m in methods
+              for k, _ in keys)
+    ax.set_ylim(bottom=min(1.0, low) - 0.02)  # Imbalance is >= 1: show the differences.
     ax.axhline(1.0, color="k", lw=0.5)
     ax.set_ylabel("imbalance (max/mean)")
     ax.legend(fontsize=7)
