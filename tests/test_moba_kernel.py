@@ -106,16 +106,16 @@ def test_kernel_outputs_poisoned_and_fully_written():
   def layout_and_fwd(q, k, v):
     sel = moba_gate(q, k, seg, budget, block_size=block_size, k_max=k_max)
     layout = build_kv_layout(sel, seg, num_blocks=t // block_size, group_size=2, block_rows=16)
-    q_rows = jnp.take_along_axis(q.reshape(1, t * 2, 16)[:, None], layout.row_src_BGL[..., None],
-                                 2)
-    return layout, q_rows, *kernels.moba_forward_rows(
-        q_rows, layout, k, v, seg, block_size=block_size, bs=SMALL, interpret=True)
+    return layout, *kernels.moba_forward_rows(
+        q.reshape(1, t * 2, 16), layout, k, v, seg, block_size=block_size, bs=SMALL,
+        interpret=True)
 
-  layout, q_rows, o_rows, lse_rows = layout_and_fwd(q, k, v)
+  layout, o_rows, lse_rows = layout_and_fwd(q, k, v)
+  q_flat, lse_flat = q.reshape(1, t * 2, 16), jnp.zeros((1, t * 2), jnp.float32)
   used = np.asarray(layout.chunk_block_BGC)[0, 0] >= 0
   o_chunks = np.asarray(o_rows)[0, 0].reshape(-1, 16, 16)
   assert np.all(np.isfinite(o_chunks[used])) and np.all(np.isnan(o_chunks[~used]))
-  dk, dv = kernels.moba_dkv(q_rows, q_rows, lse_rows, lse_rows, layout, k, v, seg,
+  dk, dv = kernels.moba_dkv(q_flat, q_flat, lse_flat, lse_flat, layout, k, v, seg,
                             block_size=block_size, bs=SMALL, interpret=True)
   assert np.all(np.isfinite(dk)) and np.all(np.isfinite(dv))
   out = jax.jit(lambda q, k, v: moba_attention(q, k, v, seg, budget, block_size=block_size,

@@ -1,8 +1,8 @@
 """`moba_attention`: gating, layout, Pallas kernels and their `custom_vjp`.
 
-Owns the public entry and the glue between the kernels: gathering queries (and,
-in the backward pass, output gradients, lse and delta) into the sorted-row
-layout, and combining the per-slot partial results of every token - a
+Owns the public entry and the glue between the kernels: combining the
+per-slot partial results of every token (the kernels gather their query rows
+themselves through the layout's row_src) - a
 log-sum-exp merge of the partial outputs in the forward pass, a sum of the
 partial dq in the backward pass. Selection is not differentiated (top-k is
 piecewise constant), as in MoBA.
@@ -17,17 +17,6 @@ import jax.numpy as jnp
 
 from pallas_kernels.moba import gating, kernels
 from pallas_kernels.moba.kernels import MobaBlockSizes
-
-
-def _to_rows(x_BTHD, layout: gating.MobaKVLayout, num_kv_heads: int) -> jax.Array:
-  """[B, T, Hq, X...] -> [B, G, L, X...]: the value of each sorted row's (token, head)."""
-  b, t, hq = x_BTHD.shape[:3]
-  rest = x_BTHD.shape[3:]
-  gh = hq // num_kv_heads
-  x_BGSX = jnp.moveaxis(x_BTHD.reshape(b, t, num_kv_heads, gh, *rest), 2, 1).reshape(
-      b, num_kv_heads, t * gh, *rest)
-  idx = layout.row_src_BGL.reshape(*layout.row_src_BGL.shape, *([1] * len(rest)))
-  return jnp.take_along_axis(x_BGSX, idx, axis=2)
 
 
 def _from_entries(x_BGLX, layout: gating.MobaKVLayout, group_size: int) -> jax.Array:
@@ -60,9 +49,9 @@ def _moba_fwd(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, ok_B, sel, layout, block_s
   b, t, hq, d = q_BTHD.shape
   hkv = k_BTKD.shape[2]
   gh = hq // hkv
-  q_BGLD = _to_rows(q_BTHD, layout, hkv)
-  o_BGLD, lse_BGL = kernels.moba_forward_rows(q_BGLD, layout, k_BTKD, v_BTKD, segment_ids_BT,
-                                              block_size=block_size, bs=bs, interpret=interpret)
+  o_BGLD, lse_BGL = kernels.moba_forward_rows(q_BTHD.reshape(b, t * hq, d), layout, k_BTKD,
+                                              v_BTKD, segment_ids_BT, block_size=block_size,
+                                              bs=bs, interpret=interpret)
   used_BGTK = jnp.transpose(sel.selected_BTGK, (0, 2, 1, 3)) < t // block_size
   lse_BGTKH = jnp.where(used_BGTK[..., None], _from_entries(lse_BGL, layout, gh), -jnp.inf)
   any_BGT1H = used_BGTK.any(-1)[..., None, None]
@@ -89,11 +78,9 @@ def _moba_bwd(block_size, bs, interpret, res, do_BTHD):
   do_BTHD = do_BTHD.astype(q_BTHD.dtype)
   delta_BTH = jnp.einsum("bthd,bthd->bth", out_BTHD.astype(jnp.float32),
                          do_BTHD.astype(jnp.float32))
-  q_BGLD = _to_rows(q_BTHD, layout, hkv)
-  do_BGLD = _to_rows(do_BTHD, layout, hkv)
-  lse_BGL = _to_rows(lse_BTH, layout, hkv)
-  delta_BGL = _to_rows(delta_BTH, layout, hkv)
-  args = (q_BGLD, do_BGLD, lse_BGL, delta_BGL, layout, k_BTKD, v_BTKD, segment_ids_BT)
+  flat = lambda x: x.reshape(b, t * hq, *x.shape[3:])
+  args = (flat(q_BTHD), flat(do_BTHD), flat(lse_BTH), flat(delta_BTH), layout, k_BTKD, v_BTKD,
+          segment_ids_BT)
   dq_BGLD = kernels.moba_dq_rows(*args, block_size=block_size, bs=bs, interpret=interpret)
   dk_BTKD, dv_BTKD = kernels.moba_dkv(*args, block_size=block_size, bs=bs, interpret=interpret)
   used_BGTK = jnp.transpose(sel.selected_BTGK, (0, 2, 1, 3)) < t // block_size

@@ -53,8 +53,8 @@ class MobaSelection:
 class MobaKVLayout:
   """KV-centric layout over L sorted rows (a multiple of block_rows) per (row, group).
 
-  row_src_BGL: int32 index into the group's flattened (token, head) axis (T * Gh)
-    of the query head each sorted row holds; 0 on padding rows (masked by seg).
+  row_src_BGL: int32 index into the flattened (token, query head) axis (T * Hq)
+    of the query each sorted row holds; 0 on padding rows (masked by seg).
   row_seg_BGL / row_pos_BGL: int32 segment id (0 on padding rows) and token
     position of each sorted row; the kernels mask with them.
   entry_row_BGTK: int32 sorted row of (token, slot, head 0); heads follow
@@ -266,15 +266,17 @@ def build_kv_layout(sel: MobaSelection, segment_ids_BT: jax.Array, *, num_blocks
   entry_row_BGTK = jnp.where(used_BGTK, start_BGTK + rank_BGTK * gh, cap_rows).astype(jnp.int32)
   # Inverse map: each row's (token, head) as token * Gh + head; -1 on padding rows.
   rows_BGE = (entry_row_BGTK[..., None] + jnp.arange(gh, dtype=jnp.int32)).reshape(b, g, -1)
+  hq = g * gh
   src_BGE = jnp.broadcast_to(
-      (jnp.arange(t, dtype=jnp.int32)[:, None, None] * gh + jnp.arange(gh, dtype=jnp.int32)),
-      (b, g, t, kmax, gh)).reshape(b, g, -1)
+      (jnp.arange(t, dtype=jnp.int32)[None, :, None, None] * hq
+       + jnp.arange(g, dtype=jnp.int32)[:, None, None, None] * gh
+       + jnp.arange(gh, dtype=jnp.int32)), (b, g, t, kmax, gh)).reshape(b, g, -1)
   bi, gi = jnp.arange(b)[:, None, None], jnp.arange(g)[None, :, None]
   src_BGL = jnp.full((b, g, cap_rows), -1, jnp.int32).at[bi, gi, rows_BGE].set(
       src_BGE, mode="drop")
   has_tok_BGL = src_BGL >= 0
   row_src_BGL = jnp.maximum(src_BGL, 0)
-  tok_BGL = row_src_BGL // gh
+  tok_BGL = row_src_BGL // hq
   seg_BGL = jnp.take_along_axis(segment_ids_BT[:, None, :].astype(jnp.int32), tok_BGL, axis=-1)
   row_seg_BGL = jnp.where(has_tok_BGL, seg_BGL, 0)
   num_chunks = cap_rows // r

@@ -71,14 +71,14 @@ def _mask(seg_R, pos_R, kseg_K, kpos_K):
           & (kpos_K[None, :] <= pos_R[:, None]))
 
 
-def _fwd_kernel(cb_ref, q_ref, seg_ref, pos_ref, k_ref, v_ref, kseg_ref, o_ref, lse_ref, *,
-                sm_scale, block_size, block_k):
+def _fwd_kernel(cb_ref, src_ref, seg_ref, pos_ref, q_ref, k_ref, v_ref, kseg_ref, o_ref, lse_ref,
+                *, sm_scale, block_size, block_k):
   j = cb_ref[0]
 
   @pl.when(j >= 0)
   def _():
-    r, d = q_ref.shape
-    q = q_ref[...]
+    r, d = o_ref.shape
+    q = q_ref[src_ref[...]]  # gather the chunk's (token, head) rows
     seg, pos = seg_ref[...], pos_ref[...]
     base = j * block_size
 
@@ -105,15 +105,16 @@ def _fwd_kernel(cb_ref, q_ref, seg_ref, pos_ref, k_ref, v_ref, kseg_ref, o_ref, 
     lse_ref[...] = (m + jnp.log2(l)) / _LOG2E  # natural-log lse
 
 
-def _dq_kernel(cb_ref, q_ref, do_ref, lse_ref, delta_ref, seg_ref, pos_ref, k_ref, v_ref,
+def _dq_kernel(cb_ref, src_ref, seg_ref, pos_ref, q_ref, do_ref, lse_ref, delta_ref, k_ref, v_ref,
                kseg_ref, dq_ref, *, sm_scale, block_size, block_k):
   j = cb_ref[0]
 
   @pl.when(j >= 0)
   def _():
-    r, d = q_ref.shape
-    q, do = q_ref[...], do_ref[...]
-    lse, delta = lse_ref[...], delta_ref[...]
+    r, d = dq_ref.shape
+    src = src_ref[...]
+    q, do = q_ref[src], do_ref[src]
+    lse, delta = lse_ref[src], delta_ref[src]
     seg, pos = seg_ref[...], pos_ref[...]
     base = j * block_size
 
@@ -131,20 +132,19 @@ def _dq_kernel(cb_ref, q_ref, do_ref, lse_ref, delta_ref, seg_ref, pos_ref, k_re
     dq_ref[...] = dq * sm_scale
 
 
-def _dkv_kernel(bc_ref, q_ref, do_ref, lse_ref, delta_ref, seg_ref, pos_ref, k_ref, v_ref,
-                kseg_ref, dk_ref, dv_ref, *, sm_scale, block_size, block_k, block_rows):
-  j = pl.program_id(2) // (block_size // block_k)
+def _dkv_kernel(bc_ref, src_ref, seg_ref, pos_ref, q_ref, do_ref, lse_ref, delta_ref, k_ref, v_ref,
+                kseg_ref, dk_ref, dv_ref, *, sm_scale, block_k, block_rows):
   first, end = bc_ref[0], bc_ref[1]
   k, v = k_ref[...], v_ref[...]
   kseg = kseg_ref[...]
   kpos = pl.program_id(2) * block_k + jnp.arange(block_k, dtype=jnp.int32)
-  del j
 
   def body(c, carry):
     dk, dv = carry
     rs = pl.ds(c * block_rows, block_rows)
-    q, do = q_ref[rs, :], do_ref[rs, :]
-    lse, delta = lse_ref[rs], delta_ref[rs]
+    src = src_ref[rs]
+    q, do = q_ref[src], do_ref[src]
+    lse, delta = lse_ref[src], delta_ref[src]
     s = plgpu.dot(q, k, trans_b=True) * sm_scale
     p = jnp.where(_mask(seg_ref[rs], pos_ref[rs], kseg, kpos), jnp.exp(s - lse[:, None]), 0.0)
     dv = dv + plgpu.dot(p.astype(do.dtype), do, trans_a=True)
@@ -166,10 +166,18 @@ def _rows_spec(r, d=None):
   return pl.BlockSpec((None, None, r, d), lambda b, g, c: (b, g, c, 0))
 
 
-def moba_forward_rows(q_BGLD, layout, k_BTKD, v_BTKD, segment_ids_BT, *, block_size,
+def _full_spec(shape):
+  """Whole per-row array ([T*Hq, D] queries, [T*Hq] lse, ...) for in-kernel gathers."""
+  return pl.BlockSpec((None, *shape), lambda b, g, c: (b,) + (0,) * len(shape))
+
+
+def moba_forward_rows(q_BSD, layout, k_BTKD, v_BTKD, segment_ids_BT, *, block_size,
                       bs: MobaBlockSizes, interpret: bool):
-  """Partial output [B, G, L, D] (q dtype) and natural-log lse [B, G, L] per sorted row."""
-  b, g, l, d = q_BGLD.shape
+  """Partial output [B, G, L, D] (q dtype) and natural-log lse [B, G, L] per sorted row.
+
+  q_BSD is q reshaped to [B, T * Hq, D]; the kernel gathers each chunk's rows."""
+  b, s, d = q_BSD.shape
+  _, g, l = layout.row_src_BGL.shape
   t = k_BTKD.shape[1]
   r = bs.block_rows
   kv_spec = pl.BlockSpec((None, t, None, d), lambda b_, g_, c: (b_, 0, g_, 0))
@@ -178,22 +186,23 @@ def moba_forward_rows(q_BGLD, layout, k_BTKD, v_BTKD, segment_ids_BT, *, block_s
   return pl.pallas_call(
       kernel,
       grid=(b, g, l // r),
-      in_specs=[_rows_spec(1), _rows_spec(r, d), _rows_spec(r), _rows_spec(r), kv_spec, kv_spec,
-                pl.BlockSpec((None, t), lambda b_, g_, c: (b_, 0))],
+      in_specs=[_rows_spec(1), _rows_spec(r), _rows_spec(r), _rows_spec(r), _full_spec((s, d)),
+                kv_spec, kv_spec, _full_spec((t,))],
       out_specs=[_rows_spec(r, d), _rows_spec(r)],
-      out_shape=[jax.ShapeDtypeStruct((b, g, l, d), q_BGLD.dtype),
+      out_shape=[jax.ShapeDtypeStruct((b, g, l, d), q_BSD.dtype),
                  jax.ShapeDtypeStruct((b, g, l), jnp.float32)],
       compiler_params=plgpu.CompilerParams(num_warps=bs.num_warps, num_stages=bs.num_stages),
       interpret=interpret,
       name="moba_fwd",
-  )(layout.chunk_block_BGC, q_BGLD, layout.row_seg_BGL, layout.row_pos_BGL, k_BTKD, v_BTKD,
-    segment_ids_BT.astype(jnp.int32))
+  )(layout.chunk_block_BGC, layout.row_src_BGL, layout.row_seg_BGL, layout.row_pos_BGL, q_BSD,
+    k_BTKD, v_BTKD, segment_ids_BT.astype(jnp.int32))
 
 
-def moba_dq_rows(q_BGLD, do_BGLD, lse_BGL, delta_BGL, layout, k_BTKD, v_BTKD, segment_ids_BT, *,
+def moba_dq_rows(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_ids_BT, *,
                  block_size, bs: MobaBlockSizes, interpret: bool):
-  """Partial dq [B, G, L, D] float32 per sorted row."""
-  b, g, l, d = q_BGLD.shape
+  """Partial dq [B, G, L, D] float32 per sorted row (inputs flattened to [B, T * Hq, ...])."""
+  b, s, d = q_BSD.shape
+  _, g, l = layout.row_src_BGL.shape
   t = k_BTKD.shape[1]
   r = bs.block_rows
   kv_spec = pl.BlockSpec((None, t, None, d), lambda b_, g_, c: (b_, 0, g_, 0))
@@ -202,38 +211,39 @@ def moba_dq_rows(q_BGLD, do_BGLD, lse_BGL, delta_BGL, layout, k_BTKD, v_BTKD, se
   return pl.pallas_call(
       kernel,
       grid=(b, g, l // r),
-      in_specs=[_rows_spec(1), _rows_spec(r, d), _rows_spec(r, d), _rows_spec(r), _rows_spec(r),
-                _rows_spec(r), _rows_spec(r), kv_spec, kv_spec,
-                pl.BlockSpec((None, t), lambda b_, g_, c: (b_, 0))],
+      in_specs=[_rows_spec(1), _rows_spec(r), _rows_spec(r), _rows_spec(r), _full_spec((s, d)),
+                _full_spec((s, d)), _full_spec((s,)), _full_spec((s,)), kv_spec, kv_spec,
+                _full_spec((t,))],
       out_specs=_rows_spec(r, d),
       out_shape=jax.ShapeDtypeStruct((b, g, l, d), jnp.float32),
       compiler_params=plgpu.CompilerParams(num_warps=bs.num_warps_bwd,
                                            num_stages=bs.num_stages_bwd),
       interpret=interpret,
       name="moba_dq",
-  )(layout.chunk_block_BGC, q_BGLD, do_BGLD, lse_BGL, delta_BGL, layout.row_seg_BGL,
-    layout.row_pos_BGL, k_BTKD, v_BTKD, segment_ids_BT.astype(jnp.int32))
+  )(layout.chunk_block_BGC, layout.row_src_BGL, layout.row_seg_BGL, layout.row_pos_BGL, q_BSD,
+    do_BSD, lse_BS, delta_BS, k_BTKD, v_BTKD, segment_ids_BT.astype(jnp.int32))
 
 
-def moba_dkv(q_BGLD, do_BGLD, lse_BGL, delta_BGL, layout, k_BTKD, v_BTKD, segment_ids_BT, *,
+def moba_dkv(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_ids_BT, *,
              block_size, bs: MobaBlockSizes, interpret: bool):
   """dk, dv [B, T, Hkv, D] in k's dtype; every key tile written (zeros if unread)."""
-  b, g, l, d = q_BGLD.shape
+  b, s, d = q_BSD.shape
+  _, g, l = layout.row_src_BGL.shape
   t = k_BTKD.shape[1]
   tk = bs.block_k_dkv
   tiles_per_block = block_size // tk
-  rows_full = pl.BlockSpec((None, None, l, d), lambda b_, g_, n: (b_, g_, 0, 0))
-  vec_full = pl.BlockSpec((None, None, l), lambda b_, g_, n: (b_, g_, 0))
+  rows_full = pl.BlockSpec((None, None, l), lambda b_, g_, n: (b_, g_, 0))
   kv_tile = pl.BlockSpec((None, tk, None, d), lambda b_, g_, n: (b_, n, g_, 0))
-  kernel = functools.partial(_dkv_kernel, sm_scale=1.0 / math.sqrt(d), block_size=block_size,
-                             block_k=tk, block_rows=bs.block_rows)
+  full = lambda shape: pl.BlockSpec((None, *shape), lambda b_, g_, n: (b_,) + (0,) * len(shape))
+  kernel = functools.partial(_dkv_kernel, sm_scale=1.0 / math.sqrt(d), block_k=tk,
+                             block_rows=bs.block_rows)
   return pl.pallas_call(
       kernel,
       grid=(b, g, t // tk),
       in_specs=[pl.BlockSpec((None, None, None, 2),
                              lambda b_, g_, n: (b_, g_, n // tiles_per_block, 0)),
-                rows_full, rows_full, vec_full, vec_full, vec_full, vec_full, kv_tile, kv_tile,
-                pl.BlockSpec((None, tk), lambda b_, g_, n: (b_, n))],
+                rows_full, rows_full, rows_full, full((s, d)), full((s, d)), full((s,)),
+                full((s,)), kv_tile, kv_tile, pl.BlockSpec((None, tk), lambda b_, g_, n: (b_, n))],
       out_specs=[kv_tile, kv_tile],
       out_shape=[jax.ShapeDtypeStruct(k_BTKD.shape, k_BTKD.dtype),
                  jax.ShapeDtypeStruct(v_BTKD.shape, v_BTKD.dtype)],
@@ -241,5 +251,5 @@ def moba_dkv(q_BGLD, do_BGLD, lse_BGL, delta_BGL, layout, k_BTKD, v_BTKD, segmen
                                            num_stages=bs.num_stages_bwd),
       interpret=interpret,
       name="moba_dkv",
-  )(layout.block_chunks_BGN2, q_BGLD, do_BGLD, lse_BGL, delta_BGL, layout.row_seg_BGL,
-    layout.row_pos_BGL, k_BTKD, v_BTKD, segment_ids_BT.astype(jnp.int32))
+  )(layout.block_chunks_BGN2, layout.row_src_BGL, layout.row_seg_BGL, layout.row_pos_BGL, q_BSD,
+    do_BSD, lse_BS, delta_BS, k_BTKD, v_BTKD, segment_ids_BT.astype(jnp.int32))
