@@ -12,6 +12,14 @@ possible document (72K) fills one row of --seq_len tokens. Writes bench_balance.
 step: per-shard predicted and measured times, budgets, coverage), bench_balance.png and
 bench_balance.md to --out, and prints the table last.
 
+On one H200 with a profiled latency table (profile ~2 min, benchmark ~5 min, both workloads):
+    python -m experiments.profile_latency --config=configs/longbench.py:gpu \
+        --config.mesh.data=1 --config.attention.block_size=256 --config.attention.budget=16 \
+        --config.attention.budget_buckets='(16,24)' --config.data.seq_len=16384 \
+        --config.data.max_doc_len=16384 --lengths=256,512,1024,2048,4096,8192,16384 \
+        --budgets=1,4,8,12,16,20,24 --repeats=3 --out_dir=$OUT/tables
+    python -m experiments.bench_balance --latency_table=$OUT/tables --repeats=2
+
 Tiny CPU run (Pallas interpret mode, the `cpu` preset's model):
     python -m experiments.bench_balance --interpret --shards=2 --steps=2 --seq_len=256 \
         --block_size=32 --budget=4 --buckets=4,6 --layers=1 --repeats=1 --min_doc_len=16 \
