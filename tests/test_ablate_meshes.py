@@ -40,13 +40,13 @@ def test_parse_meshes():
 
 
 def test_meshes_are_checked_before_any_run():
-    cfg = from_config_dict(_tiny_raw())
+    raw = _tiny_raw().to_dict()
     with pytest.raises(ConfigError, match="same number of devices"):
-        ablation.check_meshes(cfg, ablation.parse_meshes("2x1x1,2x2x1"))
+        ablation.check_meshes(raw, ablation.parse_meshes("2x1x1,2x2x1"))
     # Two KV heads cannot be split over 4 tensor shards; the message names the mesh and field.
     with pytest.raises(ConfigError, match=r"mesh 1x1x4: mesh.tensor"):
-        ablation.check_meshes(cfg, ablation.parse_meshes("4x1x1,1x1x4"))
-    assert ablation.check_meshes(cfg, ablation.parse_meshes("4x1x1,2x1x2")) == 4
+        ablation.check_meshes(raw, ablation.parse_meshes("4x1x1,1x1x4"))
+    assert ablation.check_meshes(raw, ablation.parse_meshes("4x1x1,2x1x2")) == 4
 
 
 def test_config_mesh_is_the_default():

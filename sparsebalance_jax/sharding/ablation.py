@@ -21,7 +21,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from sparsebalance_jax.config import Config, ConfigError, MeshConfig, from_config_dict, validate
+from sparsebalance_jax.config import Config, ConfigError, MeshConfig, from_config_dict
 
 # Tracing, lowering and XLA compilation: together, what a first call pays on top of running.
 COMPILE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration",
@@ -71,14 +71,14 @@ def mesh_name(mesh: MeshConfig) -> str:
     return "x".join(map(str, mesh.shape))
 
 
-def check_meshes(cfg: Config, meshes: Sequence[MeshConfig]) -> int:
+def check_meshes(raw: Mapping[str, Any], meshes: Sequence[MeshConfig]) -> int:
     """Validates the config under every mesh before any runs; returns their device count."""
     sizes = {mesh_name(m): m.data * m.fsdp * m.tensor for m in meshes}
     if len(set(sizes.values())) != 1:
         raise ConfigError(f"meshes: every mesh must use the same number of devices, got {sizes}")
     for mesh in meshes:
         try:
-            validate(dataclasses.replace(cfg, mesh=mesh))
+            from_config_dict(dict(raw, mesh=dataclasses.asdict(mesh)))
         except ConfigError as e:
             raise ConfigError(f"mesh {mesh_name(mesh)}: {e}") from None
     return next(iter(sizes.values()))
@@ -176,7 +176,7 @@ def run_ablation(raw: Mapping[str, Any], meshes: Sequence[MeshConfig], *, steps:
     if steps < 1 or warmup < 0:
         raise ValueError(f"steps ({steps}) must be >= 1 and warmup ({warmup}) >= 0")
     raw = raw.to_dict() if hasattr(raw, "to_dict") else dict(raw)
-    check_meshes(from_config_dict(dict(raw, mesh=dataclasses.asdict(meshes[0]))), meshes)
+    check_meshes(raw, meshes)
     results = []
     ctx = multiprocessing.get_context("spawn")  # A fork would inherit a started backend.
     for mesh in meshes:
