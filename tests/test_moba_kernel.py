@@ -45,7 +45,8 @@ def run_both(q, k, v, do, seg, budget, block_size, k_max, bs=SMALL, interpret=Tr
                                             (jnp.bfloat16, 4, 2)])
 def test_values_and_gradients_match_reference(dtype, hq, hkv):
   rng = np.random.default_rng()
-  b, t, block_size, k_max = 3, 128, 16, 4
+  # Two key tiles per block: exercises the causal tile bound and the dk/dv chunk skip.
+  b, t, block_size, k_max = 3, 192, 32, 3
   q, k, v, do = make_inputs(rng, b, t, hq, hkv, 16, dtype)
   seg = packed_segments(rng, b, t, block_size, aligned=bool(rng.integers(2)))
   budget = jnp.asarray(rng.integers(1, k_max + 1, size=b), jnp.int32)  # ragged

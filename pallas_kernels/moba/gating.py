@@ -56,7 +56,8 @@ class MobaKVLayout:
   row_src_BGL: int32 index into the flattened (token, query head) axis (T * Hq)
     of the query each sorted row holds; 0 on padding rows (masked by seg).
   row_seg_BGL / row_pos_BGL: int32 segment id (0 on padding rows) and token
-    position of each sorted row; the kernels mask with them.
+    position (T on padding rows) of each sorted row; the kernels mask with them.
+    Within a block's run rows are in position order, own-block tokens first.
   entry_row_BGTK: int32 sorted row of (token, slot, head 0); heads follow
     contiguously. Meaningless where the slot is unused.
   chunk_block_BGC: int32 KV block read by each chunk of block_rows rows, -1 if unused.
@@ -285,6 +286,7 @@ def build_kv_layout(sel: MobaSelection, segment_ids_BT: jax.Array, *, num_blocks
   blk_BGC = (row_end_BGN[:, :, None, :] <= chunk_start_C[:, None]).sum(-1, dtype=jnp.int32)
   chunk_block_BGC = jnp.where(blk_BGC < n, blk_BGC, -1).astype(jnp.int32)
   block_chunks_BGN2 = jnp.stack([row_start_BGN // r, row_end_BGN // r], axis=-1).astype(jnp.int32)
-  return MobaKVLayout(row_src_BGL=row_src_BGL, row_seg_BGL=row_seg_BGL, row_pos_BGL=tok_BGL,
+  row_pos_BGL = jnp.where(has_tok_BGL, tok_BGL, t)  # padding rows sort last in their run
+  return MobaKVLayout(row_src_BGL=row_src_BGL, row_seg_BGL=row_seg_BGL, row_pos_BGL=row_pos_BGL,
                       entry_row_BGTK=entry_row_BGTK, chunk_block_BGC=chunk_block_BGC,
                       block_chunks_BGN2=block_chunks_BGN2)

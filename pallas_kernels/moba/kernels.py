@@ -71,6 +71,12 @@ def _mask(seg_R, pos_R, kseg_K, kpos_K):
           & (kpos_K[None, :] <= pos_R[:, None]))
 
 
+def _num_key_tiles(pos_R, base, block_size, block_k):
+  """Key tiles a chunk can see: own-block chunks stop after their last query's
+  position (later tiles are causally masked); padding rows carry position T."""
+  return jnp.minimum(block_size // block_k, (jnp.max(pos_R) - base) // block_k + 1)
+
+
 def _fwd_kernel(cb_ref, src_ref, seg_ref, pos_ref, q_ref, k_ref, v_ref, kseg_ref, o_ref, lse_ref,
                 *, sm_scale, block_size, block_k):
   j = cb_ref[0]
@@ -100,7 +106,8 @@ def _fwd_kernel(cb_ref, src_ref, seg_ref, pos_ref, q_ref, k_ref, v_ref, kseg_ref
     acc = jnp.zeros((r, d), jnp.float32)
     m = jnp.full((r,), _MASK, jnp.float32)
     l = jnp.zeros((r,), jnp.float32)
-    acc, m, l = lax.fori_loop(0, block_size // block_k, body, (acc, m, l))
+    acc, m, l = lax.fori_loop(0, _num_key_tiles(pos, base, block_size, block_k), body,
+                              (acc, m, l))
     o_ref[...] = (acc / l[:, None]).astype(o_ref.dtype)
     lse_ref[...] = (m + jnp.log2(l)) / _LOG2E  # natural-log lse
 
@@ -128,13 +135,18 @@ def _dq_kernel(cb_ref, src_ref, seg_ref, pos_ref, q_ref, do_ref, lse_ref, delta_
       ds = p * (dp - delta[:, None])
       return dq + plgpu.dot(ds.astype(k.dtype), k)
 
-    dq = lax.fori_loop(0, block_size // block_k, body, jnp.zeros((r, d), jnp.float32))
+    dq = lax.fori_loop(0, _num_key_tiles(pos, base, block_size, block_k), body,
+                       jnp.zeros((r, d), jnp.float32))
     dq_ref[...] = dq * sm_scale
 
 
-def _dkv_kernel(bc_ref, src_ref, seg_ref, pos_ref, q_ref, do_ref, lse_ref, delta_ref, k_ref, v_ref,
-                kseg_ref, dk_ref, dv_ref, *, sm_scale, block_k, block_rows):
-  first, end = bc_ref[0], bc_ref[1]
+def _dkv_kernel(bc_ref, skip_ref, src_ref, seg_ref, pos_ref, q_ref, do_ref, lse_ref, delta_ref,
+                k_ref, v_ref, kseg_ref, dk_ref, dv_ref, *, sm_scale, block_k, block_rows,
+                group_size):
+  # A block's run starts with its own tokens' rows in position order; the chunks
+  # holding only own rows before this key tile are causally masked: skip them.
+  first = bc_ref[0] + (skip_ref[0] * group_size) // block_rows
+  end = bc_ref[1]
   k, v = k_ref[...], v_ref[...]
   kseg = kseg_ref[...]
   kpos = pl.program_id(2) * block_k + jnp.arange(block_k, dtype=jnp.int32)
@@ -235,13 +247,19 @@ def moba_dkv(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_id
   rows_full = pl.BlockSpec((None, None, l), lambda b_, g_, n: (b_, g_, 0))
   kv_tile = pl.BlockSpec((None, tk, None, d), lambda b_, g_, n: (b_, n, g_, 0))
   full = lambda shape: pl.BlockSpec((None, *shape), lambda b_, g_, n: (b_,) + (0,) * len(shape))
+  gh = s // t // g
   kernel = functools.partial(_dkv_kernel, sm_scale=1.0 / math.sqrt(d), block_k=tk,
-                             block_rows=bs.block_rows)
+                             block_rows=bs.block_rows, group_size=gh)
+  # Non-padding keys of the block before each key tile (= own query tokens before it).
+  nonpad_BNP = (segment_ids_BT != 0).astype(jnp.int32).reshape(b, t // tk, tk).sum(-1).reshape(
+      b, t // block_size, tiles_per_block)
+  skip_BN = (jnp.cumsum(nonpad_BNP, axis=-1) - nonpad_BNP).reshape(b, t // tk).astype(jnp.int32)
   return pl.pallas_call(
       kernel,
       grid=(b, g, t // tk),
       in_specs=[pl.BlockSpec((None, None, None, 2),
                              lambda b_, g_, n: (b_, g_, n // tiles_per_block, 0)),
+                pl.BlockSpec((None, 1), lambda b_, g_, n: (b_, n)),
                 rows_full, rows_full, rows_full, full((s, d)), full((s, d)), full((s,)),
                 full((s,)), kv_tile, kv_tile, pl.BlockSpec((None, tk), lambda b_, g_, n: (b_, n))],
       out_specs=[kv_tile, kv_tile],
@@ -251,5 +269,5 @@ def moba_dkv(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_id
                                            num_stages=bs.num_stages_bwd),
       interpret=interpret,
       name="moba_dkv",
-  )(layout.block_chunks_BGN2, layout.row_src_BGL, layout.row_seg_BGL, layout.row_pos_BGL, q_BSD,
+  )(layout.block_chunks_BGN2, skip_BN, layout.row_src_BGL, layout.row_seg_BGL, layout.row_pos_BGL, q_BSD,
     do_BSD, lse_BS, delta_BS, k_BTKD, v_BTKD, segment_ids_BT.astype(jnp.int32))
