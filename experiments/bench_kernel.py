@@ -107,30 +107,36 @@ def bench_cudnn(t, hq, hkv, d, reps):
               fwd_tflops=flops / fwd_ms / 1e9, fwdbwd_tflops=3.5 * flops / fb_ms / 1e9)
 
 
-def bench_moba(t, block, k, k_max, hq, hkv, d, bs, reps, gate=False):
+def bench_moba(t, block, ks, k_max, hq, hkv, d, bs, reps, kind="moba", gate=True):
+  """One compile per (shape, k_max); every budget in ks reuses it (budgets are data)."""
   q, k_, v, do = inputs(0, 1, t, hq, hkv, d, jnp.bfloat16)
   seg = jnp.ones((1, t), jnp.int32)
-  budget = jnp.asarray([k], jnp.int32)
   f = lambda q, k_, v, budget: moba_attention(q, k_, v, seg, budget, block_size=block,
                                               k_max=k_max, block_sizes=bs, interpret=INTERPRET)
   fwd = jax.jit(f)
   fb = jax.jit(jax.grad(lambda q, k_, v, do, budget: jnp.sum(
       f(q, k_, v, budget).astype(jnp.float32) * do.astype(jnp.float32)), argnums=(0, 1, 2)))
-  sel = jax.jit(lambda q, k_, budget: moba_gate(q, k_, seg, budget, block_size=block,
-                                                k_max=k_max))(q, k_, budget)
-  flops = 4 * d * attended_pairs(sel, block, hq // hkv)
-  row = dict(kind="moba", seq=t, block=block, k=k, k_max=k_max, heads=f"{hq}/{hkv}", d=d,
-             block_sizes=dataclasses.asdict(bs))
-  row["fwd_ms"] = timeit(fwd, q, k_, v, budget, reps=reps)
-  row["fwdbwd_ms"] = timeit(fb, q, k_, v, do, budget, reps=reps)
-  row["fwd_tflops"] = flops / row["fwd_ms"] / 1e9
-  row["fwdbwd_tflops"] = 3.5 * flops / row["fwdbwd_ms"] / 1e9
-  if gate:
-    g = jax.jit(lambda q, k_, budget: build_kv_layout(
-        moba_gate(q, k_, seg, budget, block_size=block, k_max=k_max), seg,
-        num_blocks=t // block, group_size=hq // hkv, block_rows=bs.block_rows))
-    row["gate_ms"] = timeit(g, q, k_, budget, reps=reps)
-  return row
+  sel_fn = jax.jit(lambda q, k_, budget: moba_gate(q, k_, seg, budget, block_size=block,
+                                                   k_max=k_max))
+  gate_fn = jax.jit(lambda q, k_, budget: build_kv_layout(
+      moba_gate(q, k_, seg, budget, block_size=block, k_max=k_max), seg,
+      num_blocks=t // block, group_size=hq // hkv, block_rows=bs.block_rows))
+  rows = []
+  for k in ks:
+    budget = jnp.asarray([k], jnp.int32)
+    flops = 4 * d * attended_pairs(sel_fn(q, k_, budget), block, hq // hkv)
+    row = dict(kind=kind, seq=t, block=block, k=k, k_max=k_max, heads=f"{hq}/{hkv}", d=d,
+               block_sizes=dataclasses.asdict(bs))
+    row["fwd_ms"] = timeit(fwd, q, k_, v, budget, reps=reps)
+    row["fwdbwd_ms"] = timeit(fb, q, k_, v, do, budget, reps=reps)
+    row["fwd_tflops"] = flops / row["fwd_ms"] / 1e9
+    row["fwdbwd_tflops"] = 3.5 * flops / row["fwdbwd_ms"] / 1e9
+    if gate:
+      row["gate_ms"] = timeit(gate_fn, q, k_, budget, reps=reps)
+    row["compiles_fwdbwd"] = fb._cache_size()
+    rows.append(row)
+    print(row, flush=True)
+  return rows
 
 
 def profile_stages(t, block, k, hq, hkv, d, variants, reps):
@@ -224,30 +230,29 @@ def main():
           first = t == args.seqs[0] and block == args.blocks[0] and k == args.ks[0]
           for bs in (variants if first and not args.profile else [bs0]):
             try:
-              rows.append(bench_moba(t, block, k, k, hq, hkv, d, bs, args.reps, gate=bs is bs0))
+              rows.extend(bench_moba(t, block, [k], k, hq, hkv, d, bs, args.reps))
             except Exception as e:  # a variant that fails to compile is reported, not fatal
               rows.append(dict(kind="moba_error", seq=t, block=block, k=k, heads=name,
                                block_sizes=dataclasses.asdict(bs), error=str(e)[:300]))
-            print(rows[-1], flush=True)
+              print(rows[-1], flush=True)
             save()
         if args.sweep and args.sweep <= t // block:
-          for k in range(2, args.sweep + 1):
-            rows.append(dict(bench_moba(t, block, k, args.sweep, hq, hkv, d, bs0, args.reps),
-                             kind="sweep"))
-            print(rows[-1], flush=True)
-            save()
+          rows.extend(bench_moba(t, block, range(2, args.sweep + 1), args.sweep, hq, hkv, d, bs0,
+                                 args.reps, kind="sweep", gate=False))
+          save()
   # Short table last.
   cud = {(r["seq"], r["heads"]): r for r in rows if r["kind"] == "cudnn"}
   print("\nkind  heads  S      block k  kmax  fwd_ms  fb_ms   fwdTF  fbTF   xcuDNN(fb) gate_ms")
   for r in rows:
     if r["kind"] not in ("moba", "sweep"):
       continue
+    r.setdefault("gate_ms", float("nan"))
     c = cud[(r["seq"], r["heads"])]
     r["ratio_fwdbwd"] = r["fwdbwd_tflops"] / c["fwdbwd_tflops"]
     r["ratio_fwd"] = r["fwd_tflops"] / c["fwd_tflops"]
     print(f"{r['kind']:5s} {r['heads']:6s} {r['seq']:6d} {r['block']:5d} {r['k']:2d} "
           f"{r['k_max']:4d} {r['fwd_ms']:7.3f} {r['fwdbwd_ms']:7.3f} {r['fwd_tflops']:6.1f} "
-          f"{r['fwdbwd_tflops']:6.1f} {r['ratio_fwdbwd']:6.3f} {r.get('gate_ms', float('nan')):7.3f}")
+          f"{r['fwdbwd_tflops']:6.1f} {r['ratio_fwdbwd']:6.3f} {r['gate_ms']:7.3f}")
   for c in cud.values():
     print(f"cudnn {c['heads']:6s} {c['seq']:6d} fwd {c['fwd_ms']:.3f} ms ({c['fwd_tflops']:.0f} TF/s)"
           f" fwd+bwd {c['fwdbwd_ms']:.3f} ms ({c['fwdbwd_tflops']:.0f} TF/s)")

@@ -27,6 +27,10 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
+# Imported for its side effect: it registers a Pallas config flag in JAX's trace
+# context. Left to the first pallas_call to import lazily, that registration
+# changes the context mid-run, so a function jitted before it compiles twice.
+from jax.experimental.pallas import fuser as _fuser  # noqa: F401
 
 _MASK = -0.7 * float(jnp.finfo(jnp.float32).max)
 _LOG2E = math.log2(math.e)
