@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import jax
 import numpy as np
@@ -16,12 +17,18 @@ from sparsebalance_jax.training.loop import describe, train
 def request_host_devices(raw) -> None:
     """On CPU, expose as many host devices as the config's mesh asks for (default 1).
 
-    Must run before JAX starts its backends; it has no effect on GPU devices.
+    Must run before JAX starts its backends; it has no effect on GPU devices. In a
+    multi-process job (JAX_NUM_PROCESSES) each process holds its share of the mesh.
     """
     mesh = raw["mesh"]
     sizes = [mesh["data"], mesh["fsdp"], mesh["tensor"]]
+    processes = int(os.environ.get("JAX_NUM_PROCESSES", "1"))
     if all(s > 0 for s in sizes):
-        jax.config.update("jax_num_cpu_devices", sizes[0] * sizes[1] * sizes[2])
+        total = sizes[0] * sizes[1] * sizes[2]
+        if total % processes:
+            raise ValueError(f"mesh: {total} devices do not split over JAX_NUM_PROCESSES="
+                             f"{processes} processes")
+        jax.config.update("jax_num_cpu_devices", total // processes)
 
 
 def data_spec(cfg: Config):

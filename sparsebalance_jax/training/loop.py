@@ -16,7 +16,8 @@ from sparsebalance_jax.sharding import make_mesh
 from sparsebalance_jax.training import checkpoint
 from sparsebalance_jax.training.metrics import MetricsLogger
 from sparsebalance_jax.training.state import create_train_state, learning_rate_schedule
-from sparsebalance_jax.training.step import compile_train_step, to_step_layout
+from sparsebalance_jax.sharding.distributed import global_batch
+from sparsebalance_jax.training.step import batch_shardings, compile_train_step, to_step_layout
 
 
 class TrainingDivergedError(FloatingPointError):
@@ -72,7 +73,7 @@ def train(cfg: Config, data_iterator, balancer, *, show_progress: bool = True) -
         start, state, tuner_state = restored
         balancer.set_state(tuner_state)
         print(f"resumed from step {start}")
-    logger = MetricsLogger(cfg.train.workdir)
+    logger = MetricsLogger(cfg.train.workdir, enabled=jax.process_index() == 0)
     schedule = learning_rate_schedule(cfg.optimizer, cfg.train.num_steps)
     row_tokens = cfg.num_data_shards * cfg.data.micro_batches * cfg.data.rows_per_micro_batch * \
         cfg.data.seq_len
@@ -87,7 +88,7 @@ def train(cfg: Config, data_iterator, balancer, *, show_progress: bool = True) -
                 raise ValueError(f"step {step + 1}: budgets {np.unique(decision.budgets)} "
                                  f"outside [1, bucket {decision.bucket}]")
             step_batch = dict(step_batch, budgets=decision.budgets)
-            batch = to_step_layout(step_batch)
+            batch = global_batch(batch_shardings(mesh), to_step_layout(step_batch))
             t0 = time.perf_counter()
             state, metrics = step_fn(decision.bucket)(state, batch)
             loss = float(metrics["loss"])  # Blocks: the step's time is measured to here.
