@@ -34,6 +34,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from pallas_kernels.moba import (MobaBlockSizes, build_kv_layout, moba_attention,  # noqa: E402
                                  moba_gate, moba_reference)
 from pallas_kernels.moba import gating, kernels  # noqa: E402
+from pallas_kernels.moba.reference import reference_gate_scores  # noqa: E402
 
 HEADS = {"h128": (16, 16, 128), "h64": (14, 2, 64), "tiny": (2, 1, 16)}  # (Hq, Hkv, D)
 INTERPRET = False  # --interpret: CPU smoke runs of this script
@@ -78,6 +79,16 @@ def check_correctness(bs: MobaBlockSizes) -> list[dict]:
     kern = lambda q, k, v: moba_attention(q, k, v, seg, budget, block_size=block, k_max=k_max,
                                           block_sizes=bs, interpret=INTERPRET)
     ref = lambda q, k, v: moba_reference(q, k, v, seg, budget, block_size=block, k_max=k_max)
+    # Share of (token, group) whose selection differs between the gate and the
+    # dense per-(block, document) definition (near ties only; 0 expected).
+    sel = moba_gate(q, k, seg, budget, block_size=block, k_max=k_max)
+    sel_def = gating.select_blocks(reference_gate_scores(q, k, seg, block_size=block), seg, budget,
+                                   block_size=block, k_max=k_max)
+    flips = float(np.mean(np.any(np.asarray(sel.selected_BTGK) != np.asarray(
+        sel_def.selected_BTGK), axis=-1)))
+    rows.append(dict(kind="gate_check", dtype=jnp.dtype(dtype).name, selection_mismatch=flips))
+    print(f"gate {jnp.dtype(dtype).name}: selection differs from the definition at {flips:.2e} "
+          "of (token, group)", flush=True)
     got = [jax.jit(kern)(q, k, v), *fwd_bwd(kern)(q, k, v, do)]
     want = [jax.jit(ref)(q, k, v), *fwd_bwd(ref)(q, k, v, do)]
     for name, g, w in zip(("out", "dq", "dk", "dv"), got, want):

@@ -73,24 +73,36 @@ class MobaKVLayout:
 
 
 def _group_queries(q_BTHD: jax.Array, num_kv_heads: int) -> jax.Array:
-  """Sum of the query heads of each KV group, float32: the group's gate query."""
+  """Sum of the query heads of each KV group, float32 (as is when Gh = 1)."""
   b, t, hq, d = q_BTHD.shape
+  if hq == num_kv_heads:
+    return q_BTHD
   q_BTGhD = q_BTHD.astype(jnp.float32).reshape(b, t, num_kv_heads, hq // num_kv_heads, d)
   return q_BTGhD.sum(axis=3)
 
 
 def gate_dot(spec: str, x, y) -> jax.Array:
-  """float32 einsum as three bf16 tensor-core passes (hi*hi + hi*lo + lo*hi).
+  """float32 einsum as bf16 tensor-core passes (hi*hi + hi*lo + lo*hi).
 
-  Relative error ~1e-5 (a full-f32 CUDA-core matmul costs several times more on
-  GPU); the reference uses the same routine so both rank blocks alike.
+  Relative error ~1e-5; a full-f32 CUDA-core matmul costs several times more on
+  GPU. The hi part is cut with reduce_precision, which XLA keeps (a plain
+  f32->bf16->f32 round trip may be folded away under excess precision, leaving
+  lo = 0). A bf16 operand is exact in one part.
   """
   def split(a):
-    hi = a.astype(jnp.bfloat16)
-    return hi, (a - hi.astype(jnp.float32)).astype(jnp.bfloat16)
+    if a.dtype == jnp.bfloat16:
+      return a, None
+    a = a.astype(jnp.float32)
+    hi = lax.reduce_precision(a, exponent_bits=8, mantissa_bits=7)
+    return hi.astype(jnp.bfloat16), (a - hi).astype(jnp.bfloat16)
   (xh, xl), (yh, yl) = split(x), split(y)
   dot = functools.partial(jnp.einsum, spec, preferred_element_type=jnp.float32)
-  return dot(xh, yh) + (dot(xh, yl) + dot(xl, yh))
+  out = dot(xh, yh)
+  if yl is not None:
+    out = out + dot(xh, yl)
+  if xl is not None:
+    out = out + dot(xl, yh)
+  return out
 
 
 def gate_scores(q_BTHD, k_BTKD, segment_ids_BT, *, block_size: int):

@@ -1,9 +1,11 @@
-"""Pure-jnp dense masked MoBA attention: the definition the kernels are tested against.
+"""Pure-jnp dense masked references: MoBA attention and the gate's definition.
 
-Quadratic in T in time and memory (it materialises [B, Hq, T, T] scores and the
-per-(token, block) gate keys); for tests and small checks only. It computes gate
-keys from the general per-(block, document) definition directly, so it also checks
-the prefix-sum gate of `gating.py`.
+Quadratic in T in time and memory; for tests and small checks only.
+`reference_gate_scores` computes gate scores from the general per-(block,
+document) definition directly; tests check `gating.gate_scores` against it.
+`moba_reference` selects blocks with `gating.gate_scores` itself: two different
+summation orders of the same scores can rank near-tied blocks differently, and a
+single flipped choice would hide kernel errors behind selection noise.
 """
 
 from __future__ import annotations
@@ -45,8 +47,8 @@ def moba_reference(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, budget_B, *, block_si
   b, t, hq, d = q_BTHD.shape
   hkv = k_BTKD.shape[2]
   gh = hq // hkv
-  scores_BTGN = reference_gate_scores(lax.stop_gradient(q_BTHD), lax.stop_gradient(k_BTKD),
-                                      segment_ids_BT, block_size=block_size)
+  scores_BTGN = gating.gate_scores(lax.stop_gradient(q_BTHD), lax.stop_gradient(k_BTKD),
+                                   segment_ids_BT.astype(jnp.int32), block_size=block_size)
   sel = gating.select_blocks(scores_BTGN, segment_ids_BT, budget_B.astype(jnp.int32),
                              block_size=block_size, k_max=k_max)
   key_block_T = jnp.arange(t) // block_size
