@@ -60,7 +60,7 @@ def get_config(preset: str = "auto") -> ml_collections.ConfigDict:
     c.data = d = ml_collections.ConfigDict()
     d.seed = 0  # Seed of document sampling and batching.
     d.seq_len = 32768 if gpu else 1024  # Tokens per packed row.
-    d.rows_per_micro_batch = 1 if gpu else 2  # Rows per micro-batch per data shard.
+    d.rows_per_micro_batch = 1  # Rows per micro-batch per data shard.
     d.micro_batches = 2  # Micro-batches per step (gradient accumulation).
     d.text_weight = 0.6  # Share of plain Wikipedia text documents.
     d.synthetic_weight = 0.4  # Share of synthetic long-context retrieval tasks.
