@@ -143,7 +143,7 @@ def _top_k(x, k: int):
   vals, idxs = [], []
   for _ in range(k):
     idx = jnp.argmax(x, axis=-1).astype(jnp.int32)
-    vals.append(jnp.max(x, axis=-1))
+    vals.append(jnp.take_along_axis(x, idx[..., None], axis=-1)[..., 0])
     idxs.append(idx)
     x = jnp.where(n_N == idx[..., None], -jnp.inf, x)
   return jnp.stack(vals, -1), jnp.stack(idxs, -1)
