@@ -33,7 +33,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from pallas_kernels.moba import (MobaBlockSizes, build_kv_layout, moba_attention,  # noqa: E402
                                  moba_gate, moba_reference)
-from pallas_kernels.moba import gating, kernels  # noqa: E402
+from pallas_kernels.moba import attention, gating, kernels  # noqa: E402
 from pallas_kernels.moba.reference import reference_gate_scores  # noqa: E402
 
 HEADS = {"h128": (16, 16, 128), "h64": (14, 2, 64), "tiny": (2, 1, 16)}  # (Hq, Hkv, D)
@@ -129,8 +129,10 @@ def bench_moba(t, block, ks, k_max, hq, hkv, d, bs, reps, kind="moba", gate=True
       f(q, k_, v, budget).astype(jnp.float32) * do.astype(jnp.float32)), argnums=(0, 1, 2)))
   sel_fn = jax.jit(lambda q, k_, budget: moba_gate(q, k_, seg, budget, block_size=block,
                                                    k_max=k_max))
+  # The gating moba_attention runs: fused gate kernel + layout.
   gate_fn = jax.jit(lambda q, k_, budget: build_kv_layout(
-      moba_gate(q, k_, seg, budget, block_size=block, k_max=k_max), seg,
+      attention._fused_gate(q, k_, seg, budget, block_size=block, k_max=k_max,
+                            interpret=INTERPRET), seg,
       num_blocks=t // block, group_size=hq // hkv, block_rows=bs.block_rows))
   rows = []
   for k in ks:
@@ -163,6 +165,9 @@ def profile_stages(t, block, k, hq, hkv, d, variants, reps):
   select = jax.jit(lambda sc, b: gating.select_blocks(sc, seg, b, block_size=block, k_max=k))
   row["select_ms"] = timeit(select, sc, budget, reps=reps)
   sel = select(sc, budget)
+  fused = jax.jit(lambda q, k_, b: attention._fused_gate(q, k_, seg, b, block_size=block,
+                                                         k_max=k, interpret=INTERPRET))
+  row["fused_gate_ms"] = timeit(fused, q, k_, budget, reps=reps)
   for bs in variants:
     tag = f"r{bs.block_rows}_k{bs.block_k}_kd{bs.block_k_dkv}_w{bs.num_warps}_s{bs.num_stages}"
     lay_fn = jax.jit(lambda sel: build_kv_layout(sel, seg, num_blocks=n, group_size=gh,

@@ -102,3 +102,22 @@ def test_budget_out_of_range_raises_eagerly_and_poisons_under_jit():
   assert np.all(np.isfinite(gate(jnp.asarray([1, 3]))))
   cov = np.asarray(gate(jnp.asarray([1, 4])))  # traced: the bad row is poisoned with NaN
   assert np.all(np.isfinite(cov[0])) and np.all(np.isnan(cov[1]))
+
+
+@pytest.mark.parametrize("dtype, hq, hkv, k_max", [(jnp.float32, 4, 2, 4),
+                                                   (jnp.bfloat16, 2, 2, 3),
+                                                   (jnp.float32, 7, 1, 12)])
+def test_fused_gate_kernel_matches_gate(dtype, hq, hkv, k_max):
+  """The Pallas gate (interpret mode) ranks exactly like moba_gate, slot by slot."""
+  from pallas_kernels.moba import attention
+  rng = np.random.default_rng()
+  t, block_size = 256, 16
+  q = jnp.asarray(rng.standard_normal((2, t, hq, 16)), dtype)
+  k = jnp.asarray(rng.standard_normal((2, t, hkv, 16)), dtype)
+  seg = packed_segments(rng, 2, t, block_size, aligned=False)
+  budget = jnp.asarray(rng.integers(1, k_max + 1, size=2), jnp.int32)
+  want = moba_gate(q, k, seg, budget, block_size=block_size, k_max=k_max)
+  got = jax.jit(lambda q, k: attention._fused_gate(
+      q, k, seg, budget, block_size=block_size, k_max=k_max, interpret=True))(q, k)
+  np.testing.assert_array_equal(np.asarray(got.selected_BTGK), np.asarray(want.selected_BTGK))
+  np.testing.assert_array_equal(np.asarray(got.count_BTG), np.asarray(want.count_BTG))

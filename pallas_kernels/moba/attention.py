@@ -14,6 +14,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 from pallas_kernels.moba import gating, kernels
 from pallas_kernels.moba.kernels import MobaBlockSizes
@@ -92,6 +93,24 @@ def _moba_bwd(block_size, bs, interpret, res, do_BTHD):
 _moba_core.defvjp(_moba_fwd, _moba_bwd)
 
 
+def _fused_gate(q_BTHD, k_BTKD, segment_ids_BT, budget_B, *, block_size, k_max, interpret
+                ) -> gating.MobaSelection:
+  """gating.moba_gate's selection (no coverage) with scores and top-k in one kernel."""
+  b, t, hq, d = q_BTHD.shape
+  n = t // block_size
+  if k_max == 1:
+    picks_BTGK = jnp.zeros((b, t, k_BTKD.shape[2], 0), jnp.int32)
+  else:
+    gkey_BNGD, trail_seg_BN = gating.gate_keys(k_BTKD, segment_ids_BT, block_size=block_size)
+    qh_BTGD, ql_BTGD = gating.split_bf16(gating.group_queries(q_BTHD, k_BTKD.shape[2]))
+    gh_BNGD, gl_BNGD = gating.split_bf16(gkey_BNGD)
+    picks_BTGK = kernels.moba_gate_topk(qh_BTGD, ql_BTGD, gh_BNGD, gl_BNGD, trail_seg_BN,
+                                        segment_ids_BT, block_size=block_size,
+                                        num_picks=k_max - 1, interpret=interpret)
+  return gating.selection_from_picks(jnp.maximum(picks_BTGK, 0), picks_BTGK >= 0, segment_ids_BT,
+                                     budget_B, block_size=block_size, num_blocks=n)
+
+
 def moba_attention(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, budget_B, *, block_size: int,
                    k_max: int, block_sizes: MobaBlockSizes | None = None,
                    interpret: bool = False) -> jax.Array:
@@ -105,8 +124,9 @@ def moba_attention(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, budget_B, *, block_si
   bs.check(block_size)
   segment_ids_BT = segment_ids_BT.astype(jnp.int32)
   ok_B = gating.check_budget(budget_B, k_max=k_max)
-  sel = gating.moba_gate(q_BTHD, k_BTKD, segment_ids_BT, budget_B, block_size=block_size,
-                         k_max=k_max)
+  sel = _fused_gate(lax.stop_gradient(q_BTHD), lax.stop_gradient(k_BTKD), segment_ids_BT,
+                    budget_B.astype(jnp.int32), block_size=block_size, k_max=k_max,
+                    interpret=interpret)
   layout = gating.build_kv_layout(sel, segment_ids_BT, num_blocks=q_BTHD.shape[1] // block_size,
                                   group_size=q_BTHD.shape[2] // k_BTKD.shape[2],
                                   block_rows=bs.block_rows)

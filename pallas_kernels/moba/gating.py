@@ -40,7 +40,8 @@ class MobaSelection:
     and every slot of a padding token hold the sentinel `num_blocks`.
   count_BTG: int32 slots in use (0 for padding tokens, else 1 + chosen blocks).
   coverage_BTG: float32 share of the softmax over eligible gate scores held by the
-    chosen blocks; 1.0 where nothing is eligible (and for padding tokens).
+    chosen blocks; 1.0 where nothing is eligible (and for padding tokens). None
+    inside moba_attention, whose fused gate kernel does not compute it.
   """
 
   selected_BTGK: jax.Array
@@ -72,7 +73,7 @@ class MobaKVLayout:
   block_chunks_BGN2: jax.Array
 
 
-def _group_queries(q_BTHD: jax.Array, num_kv_heads: int) -> jax.Array:
+def group_queries(q_BTHD: jax.Array, num_kv_heads: int) -> jax.Array:
   """Sum of the query heads of each KV group, float32 (as is when Gh = 1)."""
   b, t, hq, d = q_BTHD.shape
   if hq == num_kv_heads:
@@ -82,20 +83,15 @@ def _group_queries(q_BTHD: jax.Array, num_kv_heads: int) -> jax.Array:
 
 
 def gate_dot(spec: str, x, y) -> jax.Array:
-  """float32 einsum as bf16 tensor-core passes (hi*hi + hi*lo + lo*hi).
+  """float32 einsum as bf16 tensor-core passes ((hi*hi + hi*lo) + lo*hi).
 
   Relative error ~1e-5; a full-f32 CUDA-core matmul costs several times more on
   GPU. The hi part is cut with reduce_precision, which XLA keeps (a plain
   f32->bf16->f32 round trip may be folded away under excess precision, leaving
-  lo = 0). A bf16 operand is exact in one part.
+  lo = 0). A bf16 operand is exact in one part. The Pallas gate kernel sums the
+  same three products in the same order.
   """
-  def split(a):
-    if a.dtype == jnp.bfloat16:
-      return a, None
-    a = a.astype(jnp.float32)
-    hi = lax.reduce_precision(a, exponent_bits=8, mantissa_bits=7)
-    return hi.astype(jnp.bfloat16), (a - hi).astype(jnp.bfloat16)
-  (xh, xl), (yh, yl) = split(x), split(y)
+  (xh, xl), (yh, yl) = split_bf16(x), split_bf16(y)
   dot = functools.partial(jnp.einsum, spec, preferred_element_type=jnp.float32)
   out = dot(xh, yh)
   if yl is not None:
@@ -105,8 +101,9 @@ def gate_dot(spec: str, x, y) -> jax.Array:
   return out
 
 
-def gate_scores(q_BTHD, k_BTKD, segment_ids_BT, *, block_size: int):
-  """Gate scores [B, T, G, N] (float32, -inf where a block is not eligible).
+def gate_keys(k_BTKD, segment_ids_BT, *, block_size: int):
+  """One gate key per block and KV head, float32 [B, N, G, D], and the block's
+  trailing document id [B, N] (0 for an all-padding block).
 
   Under the contiguous-document rule, a token t in block i > j can only see block
   j through the document of block j's last non-padding token (its trailing
@@ -125,18 +122,41 @@ def gate_scores(q_BTHD, k_BTKD, segment_ids_BT, *, block_size: int):
   k_BNPGD = k_BTKD.reshape(b, n, block_size, hkv, d).astype(jnp.float32)
   ksum_BNGD = jnp.sum(jnp.where(in_trail_BNP[..., None, None], k_BNPGD, 0.0), axis=2)
   gkey_BNGD = ksum_BNGD / jnp.maximum(in_trail_BNP.sum(-1), 1)[..., None, None]
-  qg_BTGD = _group_queries(q_BTHD, hkv)
-  scores_BTGN = gate_dot("btgd,bngd->btgn", qg_BTGD, gkey_BNGD)
+  return gkey_BNGD, trail_seg_BN.astype(jnp.int32)
+
+
+def split_bf16(a):
+  """(hi, lo) bf16 parts of a (lo None when a is bf16 already); see gate_dot."""
+  if a.dtype == jnp.bfloat16:
+    return a, None
+  a = a.astype(jnp.float32)
+  hi = lax.reduce_precision(a, exponent_bits=8, mantissa_bits=7)
+  return hi.astype(jnp.bfloat16), (a - hi).astype(jnp.bfloat16)
+
+
+def gate_eligible(segment_ids_BT, trail_seg_BN, *, block_size: int) -> jax.Array:
+  """[B, T, N]: block j is eligible for token t (see gate_keys)."""
+  t, n = segment_ids_BT.shape[1], trail_seg_BN.shape[1]
   own_T = jnp.arange(t, dtype=jnp.int32) // block_size
-  eligible_BTN = ((jnp.arange(n)[None, None, :] < own_T[None, :, None])
-                  & (trail_seg_BN[:, None, :] == segment_ids_BT[:, :, None])
-                  & (segment_ids_BT[:, :, None] != 0))
+  return ((jnp.arange(n)[None, None, :] < own_T[None, :, None])
+          & (trail_seg_BN[:, None, :] == segment_ids_BT[:, :, None])
+          & (segment_ids_BT[:, :, None] != 0))
+
+
+def gate_scores(q_BTHD, k_BTKD, segment_ids_BT, *, block_size: int):
+  """Gate scores [B, T, G, N] (float32, -inf where a block is not eligible)."""
+  gkey_BNGD, trail_seg_BN = gate_keys(k_BTKD, segment_ids_BT, block_size=block_size)
+  qg_BTGD = group_queries(q_BTHD, k_BTKD.shape[2])
+  scores_BTGN = gate_dot("btgd,bngd->btgn", qg_BTGD, gkey_BNGD)
+  eligible_BTN = gate_eligible(segment_ids_BT, trail_seg_BN, block_size=block_size)
   return jnp.where(eligible_BTN[:, :, None, :], scores_BTGN, -jnp.inf)
 
 
 def _top_k(x, k: int):
   """lax.top_k semantics (descending; ties: lower index first). For small k, k
   argmax passes beat XLA's GPU top-k on short rows."""
+  if k == 0:
+    return x[..., :0], jnp.zeros(x.shape[:-1] + (0,), jnp.int32)
   if k > 8:
     return lax.top_k(x, k)
   n_N = jnp.arange(x.shape[-1], dtype=jnp.int32)
@@ -149,40 +169,44 @@ def _top_k(x, k: int):
   return jnp.stack(vals, -1), jnp.stack(idxs, -1)
 
 
+def selection_from_picks(idx_BTGK, found_BTGK, segment_ids_BT, budget_B, *, block_size: int,
+                         num_blocks: int, coverage_BTG=None) -> MobaSelection:
+  """MobaSelection from the ranked eligible blocks (idx, and whether each slot found one)."""
+  b, t = segment_ids_BT.shape
+  g = idx_BTGK.shape[2]
+  n = num_blocks
+  nonpad_BT = segment_ids_BT != 0
+  own_BT = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32) // block_size, (b, t))
+  own_BTG1 = jnp.broadcast_to(jnp.where(nonpad_BT, own_BT, n)[:, :, None, None], (b, t, g, 1))
+  slot_K = jnp.arange(1, idx_BTGK.shape[3] + 1)
+  chosen_BTGK = found_BTGK & (slot_K < budget_B[:, None, None, None])
+  picked_BTGK = jnp.where(chosen_BTGK, idx_BTGK, n).astype(jnp.int32)
+  count_BTG = jnp.where(nonpad_BT[..., None], 1 + chosen_BTGK.sum(-1), 0).astype(jnp.int32)
+  return MobaSelection(selected_BTGK=jnp.concatenate([own_BTG1.astype(jnp.int32), picked_BTGK], -1),
+                       count_BTG=count_BTG, coverage_BTG=coverage_BTG)
+
+
 def select_blocks(scores_BTGN, segment_ids_BT, budget_B, *, block_size: int, k_max: int
                   ) -> MobaSelection:
   """Top-(k_b - 1) eligible blocks + own block, and coverage, from gate scores."""
   b, t, g, n = scores_BTGN.shape
-  nonpad_BT = segment_ids_BT != 0
-  own_BT = (jnp.arange(t, dtype=jnp.int32) // block_size)[None, :].repeat(b, axis=0)
-  own_BTG1 = jnp.where(nonpad_BT, own_BT, n)[:, :, None, None].repeat(g, axis=2)
   eligible_BTGN = jnp.isfinite(scores_BTGN)
-  if k_max > 1:
-    top_BTGK, idx_BTGK = _top_k(scores_BTGN, k_max - 1)
-    slot_K = jnp.arange(1, k_max)
-    chosen_BTGK = (jnp.isfinite(top_BTGK)
-                   & (slot_K[None, None, None, :] < budget_B[:, None, None, None]))
-    picked_BTGK = jnp.where(chosen_BTGK, idx_BTGK.astype(jnp.int32), n)
-    selected_BTGK = jnp.concatenate([own_BTG1, picked_BTGK], axis=-1)
-    num_chosen_BTG = chosen_BTGK.sum(-1).astype(jnp.int32)
-    # Softmax mass of the chosen blocks over all eligible ones.
-    mx_BTG = jnp.max(jnp.where(eligible_BTGN, scores_BTGN, -jnp.inf), axis=-1)
-    mx_BTG = jnp.where(jnp.isfinite(mx_BTG), mx_BTG, 0.0)
-    e_BTGN = jnp.where(eligible_BTGN, jnp.exp(scores_BTGN - mx_BTG[..., None]), 0.0)
-    e_top_BTGK = jnp.where(chosen_BTGK, jnp.exp(top_BTGK - mx_BTG[..., None]), 0.0)
-    total_BTG = e_BTGN.sum(-1)
-    coverage_BTG = jnp.where(total_BTG > 0, e_top_BTGK.sum(-1) / jnp.maximum(total_BTG, 1e-30),
-                             1.0)
-    # Exact 1.0 when everything eligible was chosen (no rounding slack).
-    all_chosen_BTG = num_chosen_BTG == eligible_BTGN.sum(-1)
-    coverage_BTG = jnp.where(all_chosen_BTG, 1.0, jnp.clip(coverage_BTG, 0.0, 1.0))
-  else:
-    selected_BTGK = own_BTG1
-    num_chosen_BTG = jnp.zeros((b, t, g), jnp.int32)
-    coverage_BTG = jnp.where(eligible_BTGN.any(-1), 0.0, 1.0)
-  count_BTG = jnp.where(nonpad_BT[..., None], 1 + num_chosen_BTG, 0)
-  return MobaSelection(selected_BTGK=selected_BTGK.astype(jnp.int32), count_BTG=count_BTG,
-                       coverage_BTG=coverage_BTG.astype(jnp.float32))
+  top_BTGK, idx_BTGK = _top_k(scores_BTGN, k_max - 1)
+  found_BTGK = jnp.isfinite(top_BTGK)
+  sel = selection_from_picks(idx_BTGK, found_BTGK, segment_ids_BT, budget_B,
+                             block_size=block_size, num_blocks=n)
+  chosen_BTGK = sel.selected_BTGK[..., 1:] < n
+  # Softmax mass of the chosen blocks over all eligible ones.
+  mx_BTG = jnp.max(scores_BTGN, axis=-1)
+  mx_BTG = jnp.where(jnp.isfinite(mx_BTG), mx_BTG, 0.0)
+  e_BTGN = jnp.where(eligible_BTGN, jnp.exp(scores_BTGN - mx_BTG[..., None]), 0.0)
+  e_top_BTGK = jnp.where(chosen_BTGK, jnp.exp(top_BTGK - mx_BTG[..., None]), 0.0)
+  total_BTG = e_BTGN.sum(-1)
+  coverage_BTG = jnp.where(total_BTG > 0, e_top_BTGK.sum(-1) / jnp.maximum(total_BTG, 1e-30), 1.0)
+  # Exact 1.0 when everything eligible was chosen (no rounding slack).
+  all_chosen_BTG = chosen_BTGK.sum(-1) == eligible_BTGN.sum(-1)
+  coverage_BTG = jnp.where(all_chosen_BTG, 1.0, jnp.clip(coverage_BTG, 0.0, 1.0))
+  return dataclasses.replace(sel, coverage_BTG=coverage_BTG.astype(jnp.float32))
 
 
 def validate_shapes(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, budget_B, *, block_size: int,

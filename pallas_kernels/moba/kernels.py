@@ -1,6 +1,10 @@
-"""Pallas (Triton lowering) kernels on the KV-centric sorted-row layout.
+"""Pallas (Triton lowering) kernels: the fused gate, and attention on the KV-centric
+sorted-row layout.
 
-Three `pallas_call`s, all reading `MobaKVLayout` (see gating.py):
+* gate: per (row, KV group, tile of tokens) the scores against every block, the
+  eligibility mask and the top (k_max - 1) block ids, without writing scores out.
+
+Three attention `pallas_call`s, all reading `MobaKVLayout` (see gating.py):
 
 * forward: one program per (row, KV group, chunk of `block_rows` sorted rows);
   the chunk's rows all read one KV block, so the program streams that block's
@@ -174,6 +178,71 @@ def _dkv_kernel(bc_ref, skip_ref, src_ref, seg_ref, pos_ref, q_ref, do_ref, lse_
   dk, dv = lax.fori_loop(first, end, body, (zeros, zeros))
   dk_ref[...] = (dk * sm_scale).astype(dk_ref.dtype)
   dv_ref[...] = dv.astype(dv_ref.dtype)
+
+
+def _gate_kernel(qh_ref, *refs, block_size, num_picks, has_q_lo):
+  """Scores of a tile of tokens against every block, eligibility, and the top
+  num_picks block ids by k passes of max / first-index-of-max, all in registers."""
+  if has_q_lo:
+    ql_ref, gh_ref, gl_ref, trail_ref, seg_ref, out_ref = refs
+  else:
+    ql_ref, (gh_ref, gl_ref, trail_ref, seg_ref, out_ref) = None, refs
+  tile, kpad = out_ref.shape
+  npad = gh_ref.shape[0]
+  qh = qh_ref[...]
+  gh = gh_ref[...]
+  s = plgpu.dot(qh, gh, trans_b=True) + plgpu.dot(qh, gl_ref[...], trans_b=True)
+  if has_q_lo:
+    s = s + plgpu.dot(ql_ref[...], gh, trans_b=True)
+  seg = seg_ref[...]
+  own = (pl.program_id(2) * tile + jnp.arange(tile, dtype=jnp.int32)) // block_size
+  blk = jnp.arange(npad, dtype=jnp.int32)
+  eligible = ((blk[None, :] < own[:, None]) & (trail_ref[...][None, :] == seg[:, None])
+              & (seg[:, None] != 0))
+  s = jnp.where(eligible, s, -jnp.inf)
+  slot = jnp.arange(kpad, dtype=jnp.int32)
+  picks = jnp.full((tile, kpad), -1, jnp.int32)
+  for k in range(num_picks):
+    m = jnp.max(s, axis=1)
+    idx = jnp.min(jnp.where(s == m[:, None], blk[None, :], npad), axis=1)
+    found = m > -jnp.inf
+    picks = jnp.where((slot[None, :] == k) & found[:, None], idx[:, None], picks)
+    s = jnp.where(blk[None, :] == idx[:, None], -jnp.inf, s)
+  out_ref[...] = picks
+
+
+def moba_gate_topk(qh_BTGD, ql_BTGD, gh_BNGD, gl_BNGD, trail_seg_BN, segment_ids_BT, *,
+                   block_size: int, num_picks: int, interpret: bool):
+  """Top num_picks eligible blocks per (token, KV group): int32 [B, T, G, num_picks],
+  best first, -1 where fewer are eligible. Inputs are the bf16 (hi, lo) parts of
+  the group queries (lo may be None) and of the gate keys, as gating.gate_dot."""
+  b, t, g, d = qh_BTGD.shape
+  n = gh_BNGD.shape[1]
+  npad = max(16, pl.next_power_of_2(n))
+  kpad = pl.next_power_of_2(num_picks)
+  tile = 64
+  while t % tile or tile * npad > 8192 and tile > 16:  # scores tile stays in registers
+    tile //= 2
+  pad_n = lambda x: jnp.pad(x, [(0, 0), (0, npad - n)] + [(0, 0)] * (x.ndim - 2))
+  q_spec = pl.BlockSpec((None, tile, None, d), lambda b_, g_, i: (b_, i, g_, 0))
+  key_spec = pl.BlockSpec((None, npad, None, d), lambda b_, g_, i: (b_, 0, g_, 0))
+  has_q_lo = ql_BTGD is not None
+  kernel = functools.partial(_gate_kernel, block_size=block_size, num_picks=num_picks,
+                             has_q_lo=has_q_lo)
+  picks = pl.pallas_call(
+      kernel,
+      grid=(b, g, t // tile),
+      in_specs=[q_spec] + [q_spec] * has_q_lo + [
+          key_spec, key_spec, pl.BlockSpec((None, npad), lambda b_, g_, i: (b_, 0)),
+          pl.BlockSpec((None, tile), lambda b_, g_, i: (b_, i))],
+      out_specs=pl.BlockSpec((None, tile, None, kpad), lambda b_, g_, i: (b_, i, g_, 0)),
+      out_shape=jax.ShapeDtypeStruct((b, t, g, kpad), jnp.int32),
+      compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=1),
+      interpret=interpret,
+      name="moba_gate_topk",
+  )(qh_BTGD, *([ql_BTGD] if has_q_lo else []), pad_n(gh_BNGD), pad_n(gl_BNGD),
+    pad_n(trail_seg_BN), segment_ids_BT.astype(jnp.int32))
+  return picks[..., :num_picks]
 
 
 def _rows_spec(r, d=None):
