@@ -168,7 +168,7 @@ def profile_stages(t, block, k, hq, hkv, d, variants, reps):
   fused = jax.jit(lambda q, k_, b: attention._fused_gate(q, k_, seg, b, block_size=block,
                                                          k_max=k, interpret=INTERPRET))
   row["fused_gate_ms"] = timeit(fused, q, k_, budget, reps=reps)
-  for bs in variants:
+  for bs in (v.fit(block) for v in variants):
     tag = f"r{bs.block_rows}_k{bs.block_k}_kd{bs.block_k_dkv}_w{bs.num_warps}_s{bs.num_stages}"
     lay_fn = jax.jit(lambda sel: build_kv_layout(sel, seg, num_blocks=n, group_size=gh,
                                                  block_rows=bs.block_rows))
