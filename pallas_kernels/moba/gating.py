@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -278,20 +279,38 @@ def moba_coverage(q_BTHD, k_BTKD, segment_ids_BT, budget_B, *, block_size: int, 
   return jnp.where(n_B > 0, (per_token_BT * nonpad_BT).sum(-1) / jnp.maximum(n_B, 1), 1.0)
 
 
+def _count_reads_up_to(sel_BGTK, n: int, chunk: int = 128) -> jax.Array:
+  """[B, G, T, N] int32: how many tokens <= t read block j (inclusive cumsum over t).
+
+  Computed per chunk of tokens as a lower-triangular 0/1 matmul (exact: counts
+  <= chunk in float32) plus a short cumsum of chunk totals, instead of one scan
+  over all T tokens.
+  """
+  b, g, t, _ = sel_BGTK.shape
+  p = math.gcd(t, chunk)
+  reads_BGCPN = (sel_BGTK[..., None] == jnp.arange(n, dtype=jnp.int32)).any(axis=3).astype(
+      jnp.bfloat16).reshape(b, g, t // p, p, n)
+  tri_PQ = (jnp.arange(p)[:, None] >= jnp.arange(p)[None, :]).astype(jnp.bfloat16)
+  within_BGCPN = jnp.einsum("pq,bgcqn->bgcpn", tri_PQ, reads_BGCPN,
+                            preferred_element_type=jnp.float32).astype(jnp.int32)
+  totals_BGCN = within_BGCPN[:, :, :, -1]
+  before_BGCN = jnp.cumsum(totals_BGCN, axis=2) - totals_BGCN
+  return (within_BGCPN + before_BGCN[:, :, :, None]).reshape(b, g, t, n)
+
+
 def build_kv_layout(sel: MobaSelection, segment_ids_BT: jax.Array, *, num_blocks: int,
                     group_size: int, block_rows: int) -> MobaKVLayout:
   """Transpose the selection into the KV-centric sorted-row layout the kernels read.
 
-  Sort-free: a token's rank among the tokens that read block j is an inclusive
-  cumsum over tokens of the (token, block) selection bitmap, so the layout costs a
-  few passes over [T, N] integers instead of a sort of T * k_max keys.
+  Sort-free: a token's rank among the tokens that read block j is a count over
+  the (token, block) selection bitmap (see _count_reads_up_to), a few passes over
+  [T, N] instead of a sort of T * k_max keys.
   """
   sel_BGTK = jnp.transpose(sel.selected_BTGK, (0, 2, 1, 3))
   b, g, t, kmax = sel_BGTK.shape
   n, gh, r = num_blocks, group_size, block_rows
   cap_rows = -(-(t * kmax * gh + n * (r - 1)) // r) * r
-  reads_BGTN = (sel_BGTK[..., None] == jnp.arange(n, dtype=jnp.int32)).any(axis=3)
-  csum_BGTN = jnp.cumsum(reads_BGTN.astype(jnp.int32), axis=2)
+  csum_BGTN = _count_reads_up_to(sel_BGTK, n)
   cnt_BGN = csum_BGTN[:, :, -1]
   padded_BGN = -(-(cnt_BGN * gh) // r) * r
   row_end_BGN = jnp.cumsum(padded_BGN, axis=-1).astype(jnp.int32)
