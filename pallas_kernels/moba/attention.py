@@ -85,7 +85,8 @@ def _moba_bwd(block_size, bs, interpret, res, do_BTHD):
   dq_BGLD = kernels.moba_dq_rows(*args, block_size=block_size, bs=bs, interpret=interpret)
   dk_BTKD, dv_BTKD = kernels.moba_dkv(*args, block_size=block_size, bs=bs, interpret=interpret)
   used_BGTK = jnp.transpose(sel.selected_BTGK, (0, 2, 1, 3)) < t // block_size
-  dq_BGTKHD = jnp.where(used_BGTK[..., None, None], _from_entries(dq_BGLD, layout, gh), 0.0)
+  dq_BGTKHD = jnp.where(used_BGTK[..., None, None],
+                        _from_entries(dq_BGLD, layout, gh).astype(jnp.float32), 0.0)
   dq_BTHD = _group_to_BTH(dq_BGTKHD.sum(axis=3), b, t, hq).astype(q_BTHD.dtype)
   return dq_BTHD, dk_BTKD, dv_BTKD, None, None, None, None
 

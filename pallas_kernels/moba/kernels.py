@@ -145,7 +145,7 @@ def _dq_kernel(cb_ref, src_ref, seg_ref, pos_ref, q_ref, do_ref, lse_ref, delta_
 
     dq = lax.fori_loop(0, _num_key_tiles(pos, base, block_size, block_k), body,
                        jnp.zeros((r, d), jnp.float32))
-    dq_ref[...] = dq * sm_scale
+    dq_ref[...] = (dq * sm_scale).astype(dq_ref.dtype)
 
 
 def _dkv_kernel(bc_ref, skip_ref, src_ref, seg_ref, pos_ref, q_ref, do_ref, lse_ref, delta_ref,
@@ -285,7 +285,8 @@ def moba_forward_rows(q_BSD, layout, k_BTKD, v_BTKD, segment_ids_BT, *, block_si
 
 def moba_dq_rows(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_ids_BT, *,
                  block_size, bs: MobaBlockSizes, interpret: bool):
-  """Partial dq [B, G, L, D] float32 per sorted row (inputs flattened to [B, T * Hq, ...])."""
+  """Partial dq [B, G, L, D] in q's dtype per sorted row (inputs flattened to [B, T * Hq, ...]);
+  the k_b partials of a token are summed in float32 outside."""
   b, s, d = q_BSD.shape
   _, g, l = layout.row_src_BGL.shape
   t = k_BTKD.shape[1]
@@ -300,7 +301,7 @@ def moba_dq_rows(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segmen
                 _full_spec((s, d)), _full_spec((s,)), _full_spec((s,)), kv_spec, kv_spec,
                 _full_spec((t,))],
       out_specs=_rows_spec(r, d),
-      out_shape=jax.ShapeDtypeStruct((b, g, l, d), jnp.float32),
+      out_shape=jax.ShapeDtypeStruct((b, g, l, d), q_BSD.dtype),
       compiler_params=plgpu.CompilerParams(num_warps=bs.num_warps_bwd,
                                            num_stages=bs.num_stages_bwd),
       interpret=interpret,
