@@ -98,8 +98,8 @@ def get_config(preset: str = "auto") -> ml_collections.ConfigDict:
     b.anchor = "mean"  # Latency anchor: mean, min or max of the shards' predictions.
     b.p = 0.3  # Largest budget change as a ratio of the base budget.
     b.coverage_floor = 0.5  # Keep at least this share of the gate's score mass per shard.
-    b.latency_model = "profiled" if gpu else "analytic"  # Profiled table or analytic cost.
-    b.latency_table = "latency_tables.json"  # Profiled tables by device and shape (profiled only).
+    b.latency_model = "analytic"  # analytic (FLOP counts) or profiled (measured table, below).
+    b.latency_table = "latency_tables"  # Folder of profiled tables, one per device and shape.
     b.ema_decay = 0.9  # EMA decay of the measured/predicted correction per shard.
 
     c.train = t = ml_collections.ConfigDict()

@@ -43,10 +43,9 @@ def latency_model(cfg: Config):
     from sparsebalance_jax.balance import latency
 
     shape = latency.LayerShape.from_model_config(cfg.model, cfg.attention.block_size)
-    if cfg.balance.latency_model == "analytic":
-        return latency.AnalyticLatencyModel(shape)
-    table = latency.load_table(cfg.balance.latency_table, jax.devices()[0].device_kind, shape)
-    return latency.ProfiledLatencyModel(table)
+    return latency.make_latency_model(cfg.balance.latency_model, shape,
+                                      table_dir=cfg.balance.latency_table,
+                                      device_kind=jax.devices()[0].device_kind)
 
 
 def data_iterator(cfg: Config, cost_model):
