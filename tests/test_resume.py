@@ -22,9 +22,9 @@ TINY = [
 ]
 
 
-def _train(workdir, **popen):
+def _train(workdir, *extra, **popen):
     cmd = [sys.executable, "-m", "experiments.train", "--config=configs/longbench.py:cpu",
-           f"--config.train.workdir={workdir}", *TINY]
+           f"--config.train.workdir={workdir}", *TINY, *extra]
     env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu")
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True, **popen)
@@ -56,3 +56,14 @@ def test_kill_and_resume_matches_uninterrupted(tmp_path):
     assert sorted(want) == sorted(got) == list(range(1, STEPS + 1))
     for step in want:
         assert got[step]["loss"] == want[step]["loss"], step
+
+
+@pytest.mark.slow
+def test_diverging_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
+    # Adam's step is ~lr whatever the gradient, so lr=1e30 wrecks the weights at step 1.
+    proc = _train(tmp_path, "--config.optimizer.learning_rate=1e30",
+                  "--config.optimizer.warmup_steps=0", "--config.train.checkpoint_every=1")
+    _, err = proc.communicate(timeout=600)
+    assert proc.returncode != 0
+    assert "TrainingDivergedError" in err and "at step 2; stopping" in err, err[-2000:]
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["1"]
