@@ -205,7 +205,7 @@ def main():
   p.add_argument("--sweep", type=int, default=0,
                  help="k_max of the budget sweep (k = 2..k_max, one compile); 0 = none")
   p.add_argument("--variants", default="",
-                 help="extra MobaBlockSizes for the first config, as 'rows,k,kdkv,warps,stages;...'")
+                 help="extra MobaBlockSizes for the first config: 'rows,k,kdkv,warps,stages;...'")
   p.add_argument("--profile", action="store_true",
                  help="time each stage alone at the first (S, block, k, heads) for every variant")
   p.add_argument("--reps", type=int, default=10)
@@ -270,7 +270,8 @@ def main():
           f"{r['k_max']:4d} {r['fwd_ms']:7.3f} {r['fwdbwd_ms']:7.3f} {r['fwd_tflops']:6.1f} "
           f"{r['fwdbwd_tflops']:6.1f} {r['ratio_fwdbwd']:6.3f} {r['gate_ms']:7.3f}")
   for c in cud.values():
-    print(f"cudnn {c['heads']:6s} {c['seq']:6d} fwd {c['fwd_ms']:.3f} ms ({c['fwd_tflops']:.0f} TF/s)"
+    print(f"cudnn {c['heads']:6s} {c['seq']:6d} fwd {c['fwd_ms']:.3f} ms "
+          f"({c['fwd_tflops']:.0f} TF/s)"
           f" fwd+bwd {c['fwdbwd_ms']:.3f} ms ({c['fwdbwd_tflops']:.0f} TF/s)")
   sweeps = {}
   for r in rows:

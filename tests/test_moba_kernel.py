@@ -119,8 +119,9 @@ def test_kernel_outputs_poisoned_and_fully_written():
   dk, dv = kernels.moba_dkv(q_flat, q_flat, lse_flat, lse_flat, layout, k, v, seg,
                             block_size=block_size, bs=SMALL, interpret=True)
   assert np.all(np.isfinite(dk)) and np.all(np.isfinite(dv))
-  out = jax.jit(lambda q, k, v: moba_attention(q, k, v, seg, budget, block_size=block_size,
-                                               k_max=k_max, block_sizes=SMALL, interpret=True))(q, k, v)
+  attn = jax.jit(lambda q, k, v: moba_attention(q, k, v, seg, budget, block_size=block_size,
+                                                k_max=k_max, block_sizes=SMALL, interpret=True))
+  out = attn(q, k, v)
   assert np.all(np.isfinite(out))
 
 

@@ -343,5 +343,6 @@ def moba_dkv(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_id
                                            num_stages=bs.num_stages_bwd),
       interpret=interpret,
       name="moba_dkv",
-  )(layout.block_chunks_BGN2, skip_BN, layout.row_src_BGL, layout.row_seg_BGL, layout.row_pos_BGL, q_BSD,
+  )(layout.block_chunks_BGN2, skip_BN, layout.row_src_BGL, layout.row_seg_BGL,
+    layout.row_pos_BGL, q_BSD,
     do_BSD, lse_BS, delta_BS, k_BTKD, v_BTKD, segment_ids_BT.astype(jnp.int32))
