@@ -14,6 +14,9 @@ Semantics (exact; kernels and the dense reference compute the same function):
 * Shapes: q [B, T, Hq, D], k/v [B, T, Hkv, D], Hq % Hkv == 0; bf16 or f32 (q, k, v
   share it; the output has it). T % block_size == 0; N = T / block_size KV blocks;
   1 <= k_max <= N (static). Block j holds tokens [j*block_size, (j+1)*block_size).
+  The kernels' key tiles (powers of two >= 16, MobaBlockSizes) must divide
+  block_size: with the defaults, a power of two from 16 to 64 or a multiple of 64.
+  Each violation raises ValueError naming the argument.
 * Segment ids (int [B, T]): 0 = padding, documents > 0. Rule: every document is a
   contiguous span of its row, i.e. between two tokens of a document there are only
   tokens of that document or padding (any packer produces this; documents need not
@@ -22,8 +25,9 @@ Semantics (exact; kernels and the dense reference compute the same function):
   iff j < i and block j holds at least one token of document s.
 * Gate key of block j for t: the mean of the keys of block j's tokens of document s
   (with aligned packing: the mean of the block's non-padding keys). Gate score
-  (float32, highest precision) = (sum of the KV group's query heads at t) . gate
-  key, i.e. the sum over the group's heads of q_h . key.
+  = (sum of the KV group's query heads at t) . gate key, i.e. the sum over the
+  group's heads of q_h . key, in float32 (bf16 hi/lo product passes, ~1e-5
+  relative: gating.gate_dot).
 * GQA: selection is shared by the Gh = Hq/Hkv query heads of a KV group (NSA-style).
   The group then reads each selected KV block once for all its heads, so the kernels
   run Gh times taller matmuls on the same K/V loads; per-head selection would load
