@@ -110,6 +110,7 @@ def test_too_long_is_an_error(items):
 def _tiny_config():
     raw = get_config("cpu")
     raw.attention.implementation = "reference"
+    raw.balance.dst = False
     raw.mesh.data = 1
     raw.model.update(num_layers=2, d_model=64, num_heads=4, num_kv_heads=2, head_dim=16,
                      mlp_dim=128, compute_dtype="float32")

@@ -5,6 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 
 from configs.longbench import get_config
 from sparsebalance_jax.config import from_config_dict
@@ -14,6 +15,7 @@ from sparsebalance_jax.model import Transformer, token_losses
 def tiny_config(implementation="reference", **model):
     raw = get_config("cpu")
     raw.attention.implementation = implementation
+    raw.balance.dst = implementation == "moba"
     raw.attention.block_size = 16
     raw.attention.budget = 2
     raw.attention.budget_buckets = (2, 4)
@@ -85,8 +87,9 @@ def _input_grad_norms(cfg, seg, pos, query_index):
     return np.asarray(jnp.linalg.norm(g_VE[:seq_len], axis=-1))
 
 
-def test_causal_and_no_cross_document_dependence():
-    cfg = tiny_config(vocab_size=2 * 64)
+@pytest.mark.parametrize("implementation", ["reference", "moba"])
+def test_causal_and_no_cross_document_dependence(implementation):
+    cfg = tiny_config(implementation, vocab_size=2 * 64)
     _, seg, pos = packed_inputs(np.random.default_rng(), 2, 64, [0, 32])
     q = 40  # inside document 2 (tokens 32..63)
     norms = _input_grad_norms(cfg, seg, pos, q)

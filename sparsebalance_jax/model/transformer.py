@@ -166,9 +166,12 @@ class Transformer(nn.Module):
         layer = DecoderLayer
         if m.remat:
             layer = nn.remat(layer, prevent_cse=False)
+        # No broadcast variables, so flax's extra constancy-check trace is not needed; it would
+        # also reject effectful kernels inside the body (Pallas interpret mode on CPU).
         stack = nn.scan(layer, variable_axes={"params": 0}, split_rngs={"params": True},
                         in_axes=(nn.broadcast, nn.broadcast, nn.broadcast, 0),
-                        length=m.num_layers, metadata_params={nn.PARTITION_NAME: "layers"})
+                        length=m.num_layers, metadata_params={nn.PARTITION_NAME: "layers"},
+                        check_constancy_invariants=False)
         x_BTE, _ = stack(m, self.attention, self.k_max, name="layers")(
             x_BTE, segment_ids_BT, positions_BT, budget_B, scales_L)
         x_BTE = RMSNorm(m.rms_eps, m.param_dtype, m.compute_dtype, name="final_norm")(x_BTE)
