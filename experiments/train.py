@@ -1,6 +1,6 @@
 """Train: `python -m experiments.train --config=configs/longbench.py [--config.a.b=value]`."""
 
-from absl import app
+from absl import app, logging
 from ml_collections import config_flags
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a get_config() file.",
@@ -9,6 +9,7 @@ _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a get_config(
 
 def main(argv):
     del argv
+    logging.set_verbosity(logging.WARNING)  # Keep orbax / JAX start-up INFO lines off the console.
     from sparsebalance_jax.training import launch
 
     launch.request_host_devices(_CONFIG.value)
