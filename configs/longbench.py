@@ -10,8 +10,8 @@ Presets:
        RoPE theta 1e6) at 32K context, MoBA block 512, base top-k 3, on one H200 or more.
   cpu: the same architecture scaled down (4 layers, d 128, 4/2 heads x 32) at 1K context,
        block 64, on 2 host devices (data=2) so that the per-shard budgets are visible. It runs
-       120 steps in a few minutes on 2 cores; the loss falls from ~5.6 (uniform over bytes) to
-       well under 3.
+       120 steps in about 1.5 minutes on 2 cores (MoBA in Pallas interpret mode); the loss
+       falls from 5.95 (uniform over the 384-entry vocabulary) to about 2.7.
 
 `auto` (the default) picks `gpu` when a CUDA device node exists, else `cpu`; the choice is made
 without starting JAX so that the CPU preset can still ask JAX for its host devices.
