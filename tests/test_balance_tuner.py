@@ -29,11 +29,22 @@ def test_mean_anchor_moves_stragglers_down_and_light_units_up_without_passing_it
     budgets = tuner.decide(table[:, BASE], BASE, None, fn, _config())
     anchor = table[:, BASE].mean()
     assert budgets[2] < BASE and budgets[3] > BASE and budgets[0] == budgets[1] == BASE
+    lo = BASE - math.ceil(0.3 * BASE)
     for s, k in enumerate(budgets):
-        if k != BASE:
-            assert table[s, k] <= anchor + 1e-12  # never past the anchor
-        if BASE < k < BASE + 6:  # a light unit stops at the last budget under the anchor
-            assert table[s, k + 1] > anchor
+        if k > BASE:  # a light unit never passes the anchor and stops at the last budget under it
+            assert table[s, k] <= anchor + 1e-12
+            assert k == BASE + 6 or table[s, k + 1] > anchor
+        if k < BASE:  # a straggler lands on the budget whose latency is closest to the anchor
+            gaps = np.abs(table[s, lo:BASE + 1] - anchor)
+            assert k == lo + int(np.argmin(gaps))
+
+
+def test_straggler_barely_above_the_anchor_keeps_its_budget():
+    # Unit 1 stands 0.1% above the mean: one block less would put it 9% below the anchor.
+    load = np.array([1.0, 1.002, 0.998])
+    table, fn = _table(load)
+    budgets = tuner.decide(table[:, BASE], BASE, None, fn, _config())
+    assert budgets[1] == BASE
 
 
 @pytest.mark.parametrize("anchor", ["min", "max"])

@@ -13,11 +13,13 @@ The decision, per unit s with predicted latency L_s at the base budget b and anc
    bucket]: [lo, hi] = [max(1, b - ceil(p b)), min(k_max, b + ceil(p b))]. Rounding up keeps
    small bases movable (b = 3, p = 0.3 may move by one block), so the bound is p * b rounded
    up to whole blocks.
-2. Toward the anchor without passing it: a straggler (L_s > A) takes the largest budget
-   b' <= b whose predicted latency is <= A (or lo if none is); a light unit (L_s < A) takes the
-   largest b' >= b whose latency is still <= A (it fills its bubble, never becoming the new
-   straggler). Latency is taken to be non-decreasing in the budget (scans stop at the first
-   budget that crosses the anchor).
+2. Toward the anchor: a straggler (L_s > A) takes the budget b' in [lo, b] whose predicted
+   latency is closest to A (ties: the larger budget), so a unit barely above the anchor keeps
+   its budget instead of dropping a whole block below it (which would cost accuracy and only
+   make it the light one); a light unit (L_s < A) takes the largest b' >= b whose latency is
+   still <= A (it fills its bubble, never becoming the new straggler). Latency is taken to be
+   non-decreasing in the budget (the light unit's scan stops at the first budget that crosses
+   the anchor).
 3. Coverage floor: a budget is never lowered below the smallest budget whose coverage (share
    of the gate's score mass held by the selected blocks) reaches the floor. The floor only
    stops decreases: it does not raise a budget above the base (the base is the accuracy the
@@ -141,11 +143,14 @@ def decide(predicted_S: np.ndarray, base_budget: int, coverage: np.ndarray | Cov
     target = anchor_latency(predicted_S, config.anchor)
     for s, latency in enumerate(predicted_S):
         if latency > target:
-            chosen = lo
+            # Scan down from the base; the first minimum wins, so ties keep the larger budget.
+            chosen, gap = base_budget, latency - target
             for k in range(base_budget - 1, lo - 1, -1):
+                k_gap = abs(latency_fn(s, k) - target)
+                if k_gap < gap:
+                    chosen, gap = k, k_gap
                 if latency_fn(s, k) <= target:
-                    chosen = k
-                    break
+                    break  # lower budgets only move further below the anchor
         elif latency < target:
             chosen = base_budget
             for k in range(base_budget + 1, hi + 1):
