@@ -169,8 +169,7 @@ def profile_stages(t, block, k, hq, hkv, d, variants, reps):
                                                          k_max=k, interpret=INTERPRET))
   row["fused_gate_ms"] = timeit(fused, q, k_, budget, reps=reps)
   for bs in (v.fit(block) for v in variants):
-    tag = (f"r{bs.block_rows}_k{bs.block_k}_kd{bs.block_k_dkv}_w{bs.num_warps}_s{bs.num_stages}"
-           f"_f{int(bs.fuse_dq)}")
+    tag = f"r{bs.block_rows}_k{bs.block_k}_kd{bs.block_k_dkv}_w{bs.num_warps}_s{bs.num_stages}"
     lay_fn = jax.jit(lambda sel: build_kv_layout(sel, seg, num_blocks=n, group_size=gh,
                                                  block_rows=bs.block_rows))
     row[f"layout_ms_{tag}"] = timeit(lay_fn, sel, reps=reps)
@@ -181,12 +180,11 @@ def profile_stages(t, block, k, hq, hkv, d, variants, reps):
     row[f"fwd_kernel_ms_{tag}"] = timeit(fwd, q_flat, k_, v, reps=reps)
     lse_flat = jnp.full((1, t * hq), 5.0, jnp.float32)
     args = (q_flat, do_flat, lse_flat, lse_flat * 0.01, lay, k_, v, seg)
-    if not bs.fuse_dq:
-      dq = jax.jit(lambda *a: kernels.moba_dq_rows(*a, block_size=block, bs=bs,
-                                                   interpret=INTERPRET))
-      row[f"dq_kernel_ms_{tag}"] = timeit(dq, *args, reps=reps)
+    dq = jax.jit(lambda *a: kernels.moba_dq_rows(*a, block_size=block, bs=bs,
+                                                 interpret=INTERPRET))
+    row[f"dq_kernel_ms_{tag}"] = timeit(dq, *args, reps=reps)
     dkv = jax.jit(lambda *a: kernels.moba_dkv(*a, block_size=block, bs=bs, interpret=INTERPRET))
-    row[f"dkv{'_dq' * bs.fuse_dq}_kernel_ms_{tag}"] = timeit(dkv, *args, reps=reps)
+    row[f"dkv_kernel_ms_{tag}"] = timeit(dkv, *args, reps=reps)
     print({kk: round(vv, 3) for kk, vv in row.items() if tag in kk}, flush=True)
   return row
 
@@ -207,8 +205,7 @@ def main():
   p.add_argument("--sweep", type=int, default=0,
                  help="k_max of the budget sweep (k = 2..k_max, one compile); 0 = none")
   p.add_argument("--variants", default="",
-                 help="extra MobaBlockSizes for the first config: "
-                 "'rows,k,kdkv,warps,stages[,fuse_dq 0/1];...'")
+                 help="extra MobaBlockSizes for the first config: 'rows,k,kdkv,warps,stages;...'")
   p.add_argument("--profile", action="store_true",
                  help="time each stage alone at the first (S, block, k, heads) for every variant")
   p.add_argument("--reps", type=int, default=10)
@@ -223,9 +220,9 @@ def main():
   rows = [] if args.skip_check else check_correctness(bs0)
   variants = [bs0] + [
       MobaBlockSizes(block_rows=r, block_k=kk, block_k_dkv=kd, num_warps=w, num_stages=s,
-                     num_warps_bwd=w, num_stages_bwd=s, fuse_dq=bool(f[0]) if f else True)
-      for r, kk, kd, w, s, *f in (tuple(int(x) for x in v.split(","))
-                                  for v in args.variants.split(";") if v)]
+                     num_warps_bwd=w, num_stages_bwd=s)
+      for r, kk, kd, w, s in (tuple(int(x) for x in v.split(","))
+                              for v in args.variants.split(";") if v)]
   if args.profile:
     hq, hkv, d = HEADS[args.heads[0]]
     rows.append(profile_stages(args.seqs[0], args.blocks[0], args.ks[0], hq, hkv, d, variants,
@@ -247,7 +244,7 @@ def main():
           if k > t // block:
             continue
           first = t == args.seqs[0] and block == args.blocks[0] and k == args.ks[0]
-          for bs in (variants if first else [bs0]):
+          for bs in (variants if first and not args.profile else [bs0]):
             try:
               rows.extend(bench_moba(t, block, [k], k, hq, hkv, d, bs, args.reps))
             except Exception as e:  # a variant that fails to compile is reported, not fatal

@@ -82,13 +82,8 @@ def _moba_bwd(block_size, bs, interpret, res, do_BTHD):
   flat = lambda x: x.reshape(b, t * hq, *x.shape[3:])
   args = (flat(q_BTHD), flat(do_BTHD), flat(lse_BTH), flat(delta_BTH), layout, k_BTKD, v_BTKD,
           segment_ids_BT)
-  if bs.fuse_dq:
-    dk_BTKD, dv_BTKD, dq_BGLD = kernels.moba_dkv(*args, block_size=block_size, bs=bs,
-                                                 interpret=interpret)
-  else:
-    dq_BGLD = kernels.moba_dq_rows(*args, block_size=block_size, bs=bs, interpret=interpret)
-    dk_BTKD, dv_BTKD = kernels.moba_dkv(*args, block_size=block_size, bs=bs,
-                                        interpret=interpret)
+  dq_BGLD = kernels.moba_dq_rows(*args, block_size=block_size, bs=bs, interpret=interpret)
+  dk_BTKD, dv_BTKD = kernels.moba_dkv(*args, block_size=block_size, bs=bs, interpret=interpret)
   used_BGTK = jnp.transpose(sel.selected_BTGK, (0, 2, 1, 3)) < t // block_size
   dq_BGTKHD = jnp.where(used_BGTK[..., None, None],
                         _from_entries(dq_BGLD, layout, gh).astype(jnp.float32), 0.0)

@@ -57,7 +57,6 @@ class MobaBlockSizes:
   num_stages: int = 2
   num_warps_bwd: int = 4
   num_stages_bwd: int = 2
-  fuse_dq: bool = True
 
   def check(self, block_size: int) -> None:
     for name in ("block_rows", "block_k", "block_k_dkv"):
@@ -149,12 +148,9 @@ def _dq_kernel(cb_ref, src_ref, seg_ref, pos_ref, q_ref, do_ref, lse_ref, delta_
     dq_ref[...] = (dq * sm_scale).astype(dq_ref.dtype)
 
 
-def _bwd_kernel(bc_ref, skip_ref, src_ref, seg_ref, pos_ref, q_ref, do_ref, lse_ref, delta_ref,
-                k_ref, v_ref, kseg_ref, *refs, sm_scale, block_k, block_rows, group_size, fuse_dq):
-  if fuse_dq:
-    _, dk_ref, dv_ref, dq_ref = refs  # refs[0]: the zeroed dq input aliased to dq_ref
-  else:
-    dk_ref, dv_ref = refs
+def _dkv_kernel(bc_ref, skip_ref, src_ref, seg_ref, pos_ref, q_ref, do_ref, lse_ref, delta_ref,
+                k_ref, v_ref, kseg_ref, dk_ref, dv_ref, *, sm_scale, block_k, block_rows,
+                group_size):
   # A block's run starts with its own tokens' rows in position order; the chunks
   # holding only own rows before this key tile are causally masked: skip them.
   first = bc_ref[0] + (skip_ref[0] * group_size) // block_rows
@@ -175,11 +171,6 @@ def _bwd_kernel(bc_ref, skip_ref, src_ref, seg_ref, pos_ref, q_ref, do_ref, lse_
     dp = plgpu.dot(do, v, trans_b=True)
     ds = p * (dp - delta[:, None])
     dk = dk + plgpu.dot(ds.astype(q.dtype), q, trans_a=True)
-    if fuse_dq:
-      # Chunk c reads only this block, so its rows' dq partial is the sum over the
-      # block's key tiles: the programs of the other tiles add to the same rows.
-      plgpu.atomic_add(dq_ref, (rs, slice(None)),
-                       plgpu.dot(ds.astype(k.dtype), k) * sm_scale)
     return dk, dv
 
   d = k.shape[-1]
@@ -321,8 +312,7 @@ def moba_dq_rows(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segmen
 
 def moba_dkv(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_ids_BT, *,
              block_size, bs: MobaBlockSizes, interpret: bool):
-  """dk, dv [B, T, Hkv, D] in k's dtype (every key tile written, zeros if unread), and
-  with bs.fuse_dq the partial dq [B, G, L, D] float32 per sorted row (zero where unread)."""
+  """dk, dv [B, T, Hkv, D] in k's dtype; every key tile written (zeros if unread)."""
   b, s, d = q_BSD.shape
   _, g, l = layout.row_src_BGL.shape
   t = k_BTKD.shape[1]
@@ -332,41 +322,27 @@ def moba_dkv(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_id
   kv_tile = pl.BlockSpec((None, tk, None, d), lambda b_, g_, n: (b_, n, g_, 0))
   full = lambda shape: pl.BlockSpec((None, *shape), lambda b_, g_, n: (b_,) + (0,) * len(shape))
   gh = s // t // g
-  kernel = functools.partial(_bwd_kernel, sm_scale=1.0 / math.sqrt(d), block_k=tk,
-                             block_rows=bs.block_rows, group_size=gh, fuse_dq=bs.fuse_dq)
+  kernel = functools.partial(_dkv_kernel, sm_scale=1.0 / math.sqrt(d), block_k=tk,
+                             block_rows=bs.block_rows, group_size=gh)
   # Non-padding keys of the block before each key tile (= own query tokens before it).
   nonpad_BNP = (segment_ids_BT != 0).astype(jnp.int32).reshape(b, t // tk, tk).sum(-1).reshape(
       b, t // block_size, tiles_per_block)
   skip_BN = (jnp.cumsum(nonpad_BNP, axis=-1) - nonpad_BNP).reshape(b, t // tk).astype(jnp.int32)
-  in_specs = [pl.BlockSpec((None, None, None, 2),
-                           lambda b_, g_, n: (b_, g_, n // tiles_per_block, 0)),
-              pl.BlockSpec((None, 1), lambda b_, g_, n: (b_, n)),
-              rows_full, rows_full, rows_full, full((s, d)), full((s, d)), full((s,)),
-              full((s,)), kv_tile, kv_tile, pl.BlockSpec((None, tk), lambda b_, g_, n: (b_, n))]
-  args = [layout.block_chunks_BGN2, skip_BN, layout.row_src_BGL, layout.row_seg_BGL,
-          layout.row_pos_BGL, q_BSD, do_BSD, lse_BS, delta_BS, k_BTKD, v_BTKD,
-          segment_ids_BT.astype(jnp.int32)]
-  out_specs = [kv_tile, kv_tile]
-  out_shape = [jax.ShapeDtypeStruct(k_BTKD.shape, k_BTKD.dtype),
-               jax.ShapeDtypeStruct(v_BTKD.shape, v_BTKD.dtype)]
-  aliases = {}
-  if bs.fuse_dq:
-    # Every program of a (row, KV group) adds into the whole [L, D] partial-dq array.
-    dq_spec = pl.BlockSpec((None, None, l, d), lambda b_, g_, n: (b_, g_, 0, 0))
-    in_specs.append(dq_spec)
-    args.append(jnp.zeros((b, g, l, d), jnp.float32))
-    out_specs.append(dq_spec)
-    out_shape.append(jax.ShapeDtypeStruct((b, g, l, d), jnp.float32))
-    aliases = {len(args) - 1: 2}
   return pl.pallas_call(
       kernel,
       grid=(b, g, t // tk),
-      in_specs=in_specs,
-      out_specs=out_specs,
-      out_shape=out_shape,
-      input_output_aliases=aliases,
+      in_specs=[pl.BlockSpec((None, None, None, 2),
+                             lambda b_, g_, n: (b_, g_, n // tiles_per_block, 0)),
+                pl.BlockSpec((None, 1), lambda b_, g_, n: (b_, n)),
+                rows_full, rows_full, rows_full, full((s, d)), full((s, d)), full((s,)),
+                full((s,)), kv_tile, kv_tile, pl.BlockSpec((None, tk), lambda b_, g_, n: (b_, n))],
+      out_specs=[kv_tile, kv_tile],
+      out_shape=[jax.ShapeDtypeStruct(k_BTKD.shape, k_BTKD.dtype),
+                 jax.ShapeDtypeStruct(v_BTKD.shape, v_BTKD.dtype)],
       compiler_params=plgpu.CompilerParams(num_warps=bs.num_warps_bwd,
                                            num_stages=bs.num_stages_bwd),
       interpret=interpret,
-      name="moba_dkv_dq" if bs.fuse_dq else "moba_dkv",
-  )(*args)
+      name="moba_dkv",
+  )(layout.block_chunks_BGN2, skip_BN, layout.row_src_BGL, layout.row_seg_BGL,
+    layout.row_pos_BGL, q_BSD,
+    do_BSD, lse_BS, delta_BS, k_BTKD, v_BTKD, segment_ids_BT.astype(jnp.int32))
