@@ -53,7 +53,7 @@ def get_config(preset: str = "auto") -> ml_collections.ConfigDict:
     a.implementation = "moba"  # One of: reference (dense jnp), cudnn (dense, GPU), moba.
     a.block_size = 512 if gpu else 64  # MoBA KV block size in tokens.
     a.budget = 3  # Base budget k: blocks attended per query, own block included.
-    a.budget_buckets = (4, 8) if gpu else (4, 8)  # Static k_max values compiled; budgets are data.
+    a.budget_buckets = (4, 8)  # Static k_max values compiled; budgets are data.
     a.layer_budget_scale = ()  # Optional per-layer budget multipliers (one per layer) or empty.
     a.interpret = not gpu  # Run Pallas kernels in interpret mode (CPU).
 
@@ -70,7 +70,8 @@ def get_config(preset: str = "auto") -> ml_collections.ConfigDict:
     d.length_distribution = "longalign"  # longalign (long tail), chatqa2 (bimodal), uniform, fixed.
     d.length_scale = 1.0 if gpu else 1 / 32  # Scales the distribution's token lengths (8K-72K).
     d.min_doc_len = 256 if gpu else 64  # Shortest document in tokens.
-    d.max_doc_len = 32768 if gpu else 1024  # Longer documents are cropped (and counted).
+    # Longest document: drawn lengths are capped here, longer jsonl records cropped (counted).
+    d.max_doc_len = 32768 if gpu else 1024
     d.max_bad_lines = 0  # Malformed jsonl lines tolerated before the run fails.
     d.tokenizer = "bytes"  # Tokenizer kind (byte level, no downloads).
     d.batcher = "sab"  # random, lbb (length-based), sab (sparsity-aware).
@@ -96,11 +97,13 @@ def get_config(preset: str = "auto") -> ml_collections.ConfigDict:
     c.balance = b = ml_collections.ConfigDict()
     b.dst = True  # Dynamic sparsity tuning of per-shard budgets.
     b.anchor = "mean"  # Latency anchor: mean, min or max of the shards' predictions.
-    b.p = 0.3  # Largest budget change as a ratio of the base budget.
+    b.p = 0.3  # Largest budget change: p x base budget, rounded up to whole blocks.
     b.coverage_floor = 0.5  # Keep at least this share of the gate's score mass per shard.
     b.latency_model = "analytic"  # analytic (FLOP counts) or profiled (measured table, below).
     b.latency_table = "latency_tables"  # Folder of profiled tables, one per device and shape.
-    b.ema_decay = 0.9  # EMA decay of the measured/predicted correction per shard.
+    # EMA decay of the per-shard measured/predicted correction; it is fed where per-shard times
+    # are measured (experiments/bench_balance.py), not by one SPMD step.
+    b.ema_decay = 0.9
 
     c.train = t = ml_collections.ConfigDict()
     t.num_steps = 2000 if gpu else 120  # Optimizer steps.

@@ -56,6 +56,8 @@ def main(argv):
     # Evaluation runs on one device, whatever mesh the model was trained on.
     raw = _CONFIG.value.to_dict()
     raw["mesh"] = {"data": 1, "fsdp": 1, "tensor": 1}
+    if _BUDGET.value is not None:  # Validated like any budget; k_max follows its bucket.
+        raw["attention"]["budget"] = _BUDGET.value
     cfg = from_config_dict(raw)
     model = Transformer(cfg.model, cfg.attention, cfg.k_max)
     if _CHECKPOINT.value == "init":
@@ -69,7 +71,7 @@ def main(argv):
     settings = harness.EvalSettings(
         mode=_MODE.value, batch_size=_BATCH.value, seq_multiple=cfg.attention.block_size,
         min_seq_len=cfg.k_max * cfg.attention.block_size,
-        budget=_BUDGET.value or cfg.attention.budget, max_seq_len=max_seq_len)
+        budget=cfg.attention.budget, max_seq_len=max_seq_len)
     if _LENGTHS.value == ["none"]:
         lengths = ()
     elif _LENGTHS.value:

@@ -130,8 +130,15 @@ class Config:
 
     @property
     def k_max(self) -> int:
-        """Static budget bound of the base configuration: the smallest bucket >= budget."""
-        return min(b for b in self.attention.budget_buckets if b >= self.attention.budget)
+        """Static budget bound of the base configuration: the smallest bucket holding the
+        largest per-layer budget (the base budget times the largest layer scale)."""
+        need = max_layer_budget(self.attention.budget, self.attention.layer_budget_scale)
+        return min(b for b in self.attention.budget_buckets if b >= need)
+
+
+def max_layer_budget(budget: int, layer_budget_scale: tuple[float, ...]) -> int:
+    """The largest budget any layer runs for a row budget (the model rounds budget x scale)."""
+    return max(1, round(budget * max(layer_budget_scale, default=1.0)))
 
 
 def _section(cls, raw: Mapping[str, Any], name: str):
@@ -153,6 +160,14 @@ def _section(cls, raw: Mapping[str, Any], name: str):
 def _require(cond: bool, field: str, message: str) -> None:
     if not cond:
         raise ConfigError(f"{field}: {message}")
+
+
+def _tokenizer_vocab(kind: str) -> int:
+    from sparsebalance_jax.data.tokenizer import TOKENIZER_KINDS, make_tokenizer
+
+    if kind not in TOKENIZER_KINDS:
+        raise ConfigError(f"data.tokenizer: {kind!r} not in {TOKENIZER_KINDS}")
+    return make_tokenizer(kind).vocab_size
 
 
 def validate(cfg: Config, device_count: int | None = None) -> None:
@@ -183,6 +198,16 @@ def validate(cfg: Config, device_count: int | None = None) -> None:
              f"needs 0 or model.num_layers={m.num_layers} entries, got {len(a.layer_budget_scale)}")
     _require(all(s > 0 for s in a.layer_budget_scale), "attention.layer_budget_scale",
              "entries must be positive")
+    scaled = max_layer_budget(a.budget, a.layer_budget_scale)
+    _require(scaled <= a.budget_buckets[-1], "attention.layer_budget_scale",
+             f"budget {a.budget} x scale {max(a.layer_budget_scale, default=1.0)} = {scaled} "
+             f"exceeds the largest bucket {a.budget_buckets[-1]}")
+    _require(not (cfg.balance.dst and a.layer_budget_scale), "attention.layer_budget_scale",
+             "per-layer budget scales are not priced by the DST latency model; set "
+             "--config.balance.dst=False or leave the scales empty")
+    tokens = _tokenizer_vocab(d.tokenizer)
+    _require(m.vocab_size >= tokens, "model.vocab_size",
+             f"{m.vocab_size} is smaller than the {d.tokenizer!r} tokenizer's {tokens} ids")
     _require(d.batcher in BATCHERS, "data.batcher", f"{d.batcher!r} not in {BATCHERS}")
     _require(d.length_distribution in LENGTH_DISTRIBUTIONS, "data.length_distribution",
              f"{d.length_distribution!r} not in {LENGTH_DISTRIBUTIONS}")
@@ -204,8 +229,12 @@ def validate(cfg: Config, device_count: int | None = None) -> None:
         _require(size == device_count, "mesh",
                  f"data x fsdp x tensor = {mesh.data}x{mesh.fsdp}x{mesh.tensor} = {size} does "
                  f"not match the {device_count} available devices")
-    _require(m.num_kv_heads % mesh.tensor == 0, "mesh.tensor",
-             f"{mesh.tensor} must divide model.num_kv_heads={m.num_kv_heads}")
+    for field, size in (("num_kv_heads", m.num_kv_heads), ("num_heads", m.num_heads),
+                        ("mlp_dim", m.mlp_dim), ("vocab_size", m.vocab_size)):
+        _require(size % mesh.tensor == 0, "mesh.tensor",
+                 f"{mesh.tensor} must divide model.{field}={size}")
+    _require(m.d_model % mesh.fsdp == 0, "mesh.fsdp",
+             f"{mesh.fsdp} must divide model.d_model={m.d_model}")
     _require(cfg.balance.anchor in ANCHORS, "balance.anchor",
              f"{cfg.balance.anchor!r} not in {ANCHORS}")
     _require(0.1 <= cfg.balance.p <= 0.3, "balance.p", f"{cfg.balance.p} must be in [0.1, 0.3]")
@@ -216,8 +245,12 @@ def validate(cfg: Config, device_count: int | None = None) -> None:
              "must be in [0, 1]")
     _require(cfg.balance.latency_model in ("analytic", "profiled"), "balance.latency_model",
              f"{cfg.balance.latency_model!r} not in ('analytic', 'profiled')")
+    _require(0.0 <= cfg.balance.ema_decay < 1.0, "balance.ema_decay", "must be in [0, 1)")
     t = cfg.train
     _require(t.num_steps > 0, "train.num_steps", "must be positive")
+    _require(t.log_every > 0, "train.log_every", "must be positive")
+    _require(0 <= cfg.optimizer.warmup_steps < t.num_steps, "optimizer.warmup_steps",
+             f"{cfg.optimizer.warmup_steps} must be in [0, train.num_steps={t.num_steps})")
     _require(t.checkpoint_every > 0 and t.checkpoint_keep > 0, "train.checkpoint_every",
              "checkpoint_every and checkpoint_keep must be positive")
 

@@ -31,6 +31,12 @@ def test_presets_are_valid():
     (dict(model__num_heads=5), "model.num_heads"),
     (dict(data__batcher="fifo"), "data.batcher"),
     (dict(balance__anchor="median"), "balance.anchor"),
+    (dict(model__vocab_size=256), "model.vocab_size"),
+    (dict(mesh__fsdp=3), "mesh.fsdp"),
+    (dict(optimizer__warmup_steps=500), "optimizer.warmup_steps"),
+    (dict(train__log_every=0), "train.log_every"),
+    (dict(attention__layer_budget_scale=(1.0, 1.0, 1.0, 1.5)), "attention.layer_budget_scale"),
+    (dict(balance__dst=True, attention__implementation="reference"), "balance.dst"),
 ])
 def test_invalid_field_is_named(changes, field):
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):

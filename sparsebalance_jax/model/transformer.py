@@ -135,8 +135,9 @@ class DecoderLayer(nn.Module):
     def __call__(self, x_BTE, segment_ids_BT, positions_BT, budget_B, budget_scale):
         m = self.model
         norm = dict(eps=m.rms_eps, param_dtype=m.param_dtype, compute_dtype=m.compute_dtype)
-        # Per-layer budget: the row's budget times this layer's scale, kept within [1, k_max].
-        layer_budget_B = jnp.clip(jnp.round(budget_B * budget_scale), 1, self.k_max).astype(jnp.int32)
+        # Per-layer budget: the row's budget times this layer's scale, at least the own block.
+        # The bucket k_max is chosen to hold the largest scaled budget (config.max_layer_budget).
+        layer_budget_B = jnp.maximum(jnp.round(budget_B * budget_scale), 1).astype(jnp.int32)
         h_BTE = RMSNorm(name="attn_norm", **norm)(x_BTE)
         x_BTE = x_BTE + Attention(m, self.attention, self.k_max, name="attn")(
             h_BTE, segment_ids_BT, positions_BT, layer_budget_B)

@@ -1,13 +1,5 @@
 """Device mesh and logical-axis sharding rules."""
 
-from sparsebalance_jax.sharding.mesh import (
-    AXES,
-    BATCH_AXES,
-    LOGICAL_RULES,
-    batch_sharding,
-    logical_sharding,
-    make_mesh,
-)
+from sparsebalance_jax.sharding.mesh import AXES, BATCH_AXES, LOGICAL_RULES, make_mesh
 
-__all__ = ["AXES", "BATCH_AXES", "LOGICAL_RULES", "batch_sharding", "logical_sharding",
-           "make_mesh"]
+__all__ = ["AXES", "BATCH_AXES", "LOGICAL_RULES", "make_mesh"]

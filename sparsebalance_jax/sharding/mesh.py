@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import jax
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-import flax.linen as nn
+from jax.sharding import Mesh
 
 from sparsebalance_jax.config import MeshConfig
 
@@ -45,15 +44,3 @@ def make_mesh(cfg: MeshConfig, devices: list | None = None) -> Mesh:
         raise ValueError(f"mesh: data x fsdp x tensor = {cfg.data}x{cfg.fsdp}x{cfg.tensor} = "
                          f"{size} does not match the {len(devices)} available devices")
     return Mesh(np.asarray(devices).reshape(cfg.shape), AXES)
-
-
-def logical_sharding(mesh: Mesh, logical_axes: tuple[str | None, ...]) -> NamedSharding:
-    spec = nn.logical_to_mesh_axes(logical_axes, LOGICAL_RULES)
-    return NamedSharding(mesh, spec)
-
-
-def batch_sharding(mesh: Mesh, ndim: int, batch_dim: int = 0) -> NamedSharding:
-    """Split dimension `batch_dim` of an `ndim`-array over data x fsdp, replicate the rest."""
-    spec = [None] * ndim
-    spec[batch_dim] = BATCH_AXES
-    return NamedSharding(mesh, P(*spec))

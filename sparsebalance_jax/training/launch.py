@@ -8,7 +8,7 @@ import os
 import jax
 import numpy as np
 
-from sparsebalance_jax.config import Config, from_config_dict
+from sparsebalance_jax.config import Config, ConfigError, from_config_dict
 from sparsebalance_jax.sharding.distributed import maybe_initialize
 from sparsebalance_jax.training.budgets import DstBalancer, FixedBudgets
 from sparsebalance_jax.training.loop import describe, train
@@ -90,6 +90,10 @@ def coverage_probe(cfg: Config, model):
 def make_balancer(cfg: Config, cost_model):
     if not cfg.balance.dst:
         return FixedBudgets(cfg.k_max)
+    if jax.process_count() > 1:
+        raise ConfigError("balance.dst: not supported with several processes yet (the coverage "
+                          "probe runs on this process's rows only); set "
+                          "--config.balance.dst=False")
     from sparsebalance_jax.model import Transformer
 
     model = Transformer(cfg.model, cfg.attention, cfg.attention.budget_buckets[-1])

@@ -10,14 +10,16 @@ import jax
 import numpy as np
 from tqdm import tqdm
 
-from sparsebalance_jax.config import Config
+from sparsebalance_jax.balance.compile_cache import CompileCache
+from sparsebalance_jax.config import Config, max_layer_budget
 from sparsebalance_jax.model import Transformer
 from sparsebalance_jax.sharding import make_mesh
 from sparsebalance_jax.training import checkpoint
 from sparsebalance_jax.training.metrics import MetricsLogger
 from sparsebalance_jax.training.state import create_train_state, learning_rate_schedule
 from sparsebalance_jax.sharding.distributed import global_batch
-from sparsebalance_jax.training.step import batch_shardings, compile_train_step, to_step_layout
+from sparsebalance_jax.training.step import (batch_shardings, jit_train_step, mesh_context,
+                                             to_step_layout)
 
 
 class TrainingDivergedError(FloatingPointError):
@@ -41,7 +43,8 @@ def describe(cfg: Config) -> str:
         f"lengths {d.length_distribution}",
         f"mesh: data {cfg.mesh.data} x fsdp {cfg.mesh.fsdp} x tensor {cfg.mesh.tensor}; "
         f"DST {'on' if cfg.balance.dst else 'off'}",
-        f"workdir: {os.path.abspath(cfg.train.workdir)} (checkpoints/, tensorboard/, metrics.jsonl)",
+        f"workdir: {os.path.abspath(cfg.train.workdir)} "
+        f"(checkpoints/, tensorboard/, metrics.jsonl)",
     ]
     return "\n".join(lines)
 
@@ -54,17 +57,11 @@ def train(cfg: Config, data_iterator, balancer, *, show_progress: bool = True) -
     `sparsebalance_jax.balance`), and records what it measured.
     """
     mesh = make_mesh(cfg.mesh)
-    models: dict[int, Transformer] = {}
-    steps: dict[int, callable] = {}
-
-    def step_fn(bucket: int):
-        if bucket not in steps:
-            models[bucket] = Transformer(cfg.model, cfg.attention, bucket)
-            steps[bucket] = compile_train_step(models[bucket], mesh, shardings)
-        return steps[bucket]
-
     model = Transformer(cfg.model, cfg.attention, cfg.k_max)
     state, shardings = create_train_state(cfg, mesh, model, jax.random.key(cfg.train.seed))
+    # One compiled step per budget bucket, counted: budgets within a bucket are data.
+    steps = CompileCache(jit_train_step(cfg.model, cfg.attention, shardings),
+                         cfg.attention.budget_buckets)
     manager = checkpoint.make_manager(cfg.train.workdir, every=cfg.train.checkpoint_every,
                                       keep=cfg.train.checkpoint_keep)
     start = 0
@@ -84,13 +81,17 @@ def train(cfg: Config, data_iterator, balancer, *, show_progress: bool = True) -
         for step in range(start, cfg.train.num_steps):
             step_batch = next(data_iterator)
             decision = balancer.decide(step_batch, state.params)
-            if not np.all((decision.budgets >= 1) & (decision.budgets <= decision.bucket)):
+            largest = max_layer_budget(int(decision.budgets.max()),
+                                       cfg.attention.layer_budget_scale)
+            if decision.budgets.min() < 1 or largest > decision.bucket:
                 raise ValueError(f"step {step + 1}: budgets {np.unique(decision.budgets)} "
-                                 f"outside [1, bucket {decision.bucket}]")
+                                 f"(largest per-layer budget {largest}) outside "
+                                 f"[1, bucket {decision.bucket}]")
             step_batch = dict(step_batch, budgets=decision.budgets)
             batch = global_batch(batch_shardings(mesh), to_step_layout(step_batch))
             t0 = time.perf_counter()
-            state, metrics = step_fn(decision.bucket)(state, batch)
+            with mesh_context(mesh):
+                state, metrics = steps(decision.bucket, state, batch)
             loss = float(metrics["loss"])  # Blocks: the step's time is measured to here.
             seconds = time.perf_counter() - t0
             if not math.isfinite(loss):
@@ -101,7 +102,7 @@ def train(cfg: Config, data_iterator, balancer, *, show_progress: bool = True) -
             last = dict(loss=loss, grad_norm=float(metrics["grad_norm"]),
                         learning_rate=float(schedule(step)), step_time_s=seconds,
                         tokens_per_s=row_tokens / seconds, trained_tokens=float(metrics["tokens"]),
-                        compiles=len(steps), **decision.scalars())
+                        compiles=steps.compiles, **decision.scalars())
             logger.write(step + 1, last, tensorboard=(step + 1) % cfg.train.log_every == 0)
             bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{last['tokens_per_s']:.0f}")
             bar.update(1)

@@ -6,16 +6,13 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
-from flax.training import train_state
+from flax.training.train_state import TrainState
 from jax.sharding import Mesh
 
 from sparsebalance_jax.config import Config, OptimizerConfig
 from sparsebalance_jax.model import Transformer
 from sparsebalance_jax.sharding import LOGICAL_RULES
-
-
-class TrainState(train_state.TrainState):
-    pass
+from sparsebalance_jax.training.step import mesh_context
 
 
 def learning_rate_schedule(opt: OptimizerConfig, num_steps: int) -> optax.Schedule:
@@ -42,7 +39,8 @@ def make_optimizer(opt: OptimizerConfig, num_steps: int) -> optax.GradientTransf
 def dummy_inputs(batch: int, seq_len: int):
     tokens_BT = jnp.zeros((batch, seq_len), jnp.int32)
     positions_BT = jnp.broadcast_to(jnp.arange(seq_len, dtype=jnp.int32), (batch, seq_len))
-    return tokens_BT, jnp.ones((batch, seq_len), jnp.int32), positions_BT, jnp.ones((batch,), jnp.int32)
+    segment_ids_BT = jnp.ones((batch, seq_len), jnp.int32)
+    return tokens_BT, segment_ids_BT, positions_BT, jnp.ones((batch,), jnp.int32)
 
 
 def create_train_state(cfg: Config, mesh: Mesh, model: Transformer, rng: jax.Array):
@@ -56,8 +54,9 @@ def create_train_state(cfg: Config, mesh: Mesh, model: Transformer, rng: jax.Arr
         variables = model.init(rng, *inputs)
         return TrainState.create(apply_fn=model.apply, params=variables["params"], tx=tx)
 
-    with jax.set_mesh(mesh), nn.logical_axis_rules(LOGICAL_RULES):
+    with mesh_context(mesh):
         abstract = jax.eval_shape(init, rng)
-        shardings = nn.logical_to_mesh_sharding(nn.get_partition_spec(abstract), mesh, LOGICAL_RULES)
+        shardings = nn.logical_to_mesh_sharding(nn.get_partition_spec(abstract), mesh,
+                                                LOGICAL_RULES)
         state = jax.jit(lambda r: nn.meta.unbox(init(r)), out_shardings=shardings)(rng)
     return state, shardings

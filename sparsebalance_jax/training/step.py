@@ -7,7 +7,7 @@ mean over every trained token of the whole step, so any mesh gives the same loss
 
 from __future__ import annotations
 
-import functools
+import contextlib
 
 import flax.linen as nn
 import jax
@@ -57,15 +57,34 @@ def batch_shardings(mesh: Mesh) -> dict[str, NamedSharding]:
             for k in BATCH_KEYS}
 
 
+def mesh_context(mesh: Mesh):
+    """The context a step is traced in: the mesh and the logical axis rules."""
+    stack = contextlib.ExitStack()
+    stack.enter_context(jax.set_mesh(mesh))
+    stack.enter_context(nn.logical_axis_rules(LOGICAL_RULES))
+    return stack
+
+
+def jit_train_step(model_cfg, attention_cfg, state_shardings):
+    """The jitted step with the state donated; `k_max`, the budget bucket, is its one static
+    argument (one compiled program per bucket). Inputs arrive placed: the state as
+    `create_train_state` made it, the batch with `batch_shardings(mesh)` (jax.jit takes no
+    in_shardings with a keyword argument); outputs keep the state's shardings."""
+
+    def step(state, batch, *, k_max: int):
+        return train_step(state, batch, model=Transformer(model_cfg, attention_cfg, k_max))
+
+    return jax.jit(step, out_shardings=(state_shardings, None), donate_argnames="state",
+                   static_argnames="k_max")
+
+
 def compile_train_step(model: Transformer, mesh: Mesh, state_shardings):
-    """Jitted step with explicit shardings and the state donated."""
-    jitted = jax.jit(functools.partial(train_step, model=model),
-                     in_shardings=(state_shardings, batch_shardings(mesh)),
-                     out_shardings=(state_shardings, None), donate_argnames="state")
+    """`run(state, batch)` for one fixed model (its k_max), traced under the mesh."""
+    jitted = jit_train_step(model.model, model.attention, state_shardings)
 
     def run(state, batch):
-        with jax.set_mesh(mesh), nn.logical_axis_rules(LOGICAL_RULES):
-            return jitted(state, batch)
+        with mesh_context(mesh):
+            return jitted(state, batch, k_max=model.k_max)
 
     return run
 
