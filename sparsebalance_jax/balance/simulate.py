@@ -294,6 +294,10 @@ def run_workload(spec: DataSpec, setup: BenchSetup, runner: DeviceRunner,
         f"{min(lengths)}-{max(lengths)} (median {int(np.median(lengths))})")
     plans = {b: plan_steps(docs, b, setup, block_size, cost_model)
              for b in sorted({m.batcher for m in METHODS})}
+    steps = {b: len(plan) for b, plan in plans.items()}
+    if len(set(steps.values())) != 1:  # Speedup compares totals: same data, same steps.
+        raise ValueError(f"the batchers planned different step counts {steps} for the same "
+                         f"documents; rerun with another --steps")
     rows = {}
     for method in METHODS:
         rows[method.name] = run_method(method, plans[method.batcher], setup, runner,
