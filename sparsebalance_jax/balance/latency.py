@@ -123,7 +123,11 @@ class LatencyModel(abc.ABC):
         seconds_BD[present] = self.doc_seconds(lengths_BD[present], budget_BD[present])
         seconds_B = seconds_BD.sum(axis=-1)
         if padded_tokens is not None:
-            seconds_B += (padded_tokens - lengths_BD.sum(axis=-1)) * self.pad_seconds_per_token
+            pad_B = padded_tokens - lengths_BD.sum(axis=-1)
+            if np.any(pad_B < 0):
+                raise ValueError(f"a micro-batch holds {int(lengths_BD.sum(axis=-1).max())} "
+                                 f"tokens, more than padded_tokens={padded_tokens}")
+            seconds_B += pad_B * self.pad_seconds_per_token
         return seconds_B
 
 

@@ -207,7 +207,12 @@ def evaluate_longbench(scorer: Scorer, task: str, examples: Sequence[longbench.L
                           np.int32) for e in examples]
     buckets = [longbench.length_bucket(e.length) for e in examples]
     if scorer.settings.mode == "teacher_forced":
-        answers = [tok.encode(e.answers[0])[: spec.max_new_tokens] for e in examples]
+        answers = [tok.encode(e.answers[0]) for e in examples]
+        too_long = [e.id for e, a in zip(examples, answers) if len(a) > spec.max_new_tokens]
+        if too_long:  # Cutting them would make exact match demand a stop mid-answer.
+            raise ValueError(f"{task}: gold answers of {too_long} exceed the task's "
+                             f"{spec.max_new_tokens} answer tokens; score them with "
+                             f"--mode=greedy (the task metric) instead")
         stats = scorer.teacher_forced(prompts, answers)
         return [ExampleResult("longbench", task, bk, float(ok), nll, None)
                 for bk, (ok, nll) in zip(buckets, stats)]
