@@ -13,13 +13,16 @@ from sparsebalance_jax.training.metrics import read_metrics
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS, EVERY = 6, 2
 TINY = [
-    "--config.attention.implementation=reference", "--config.attention.block_size=32",
+    "--config.attention.block_size=32",
     "--config.data.seq_len=256", "--config.data.max_doc_len=256", "--config.data.min_doc_len=32",
     "--config.data.length_scale=0.01", "--config.data.synthetic_weight=0.0",
     "--config.model.num_layers=2", "--config.model.d_model=64", "--config.model.mlp_dim=128",
     f"--config.train.num_steps={STEPS}", f"--config.train.checkpoint_every={EVERY}",
-    "--config.optimizer.warmup_steps=2", "--config.balance.dst=False",
+    "--config.optimizer.warmup_steps=2",
 ]
+# The main job's path (MoBA, SAB, DST with its tuner state in the checkpoint) and the dense one.
+MAIN = ["--config.attention.implementation=moba", "--config.balance.dst=True"]
+DENSE = ["--config.attention.implementation=reference", "--config.balance.dst=False"]
 
 
 def _train(workdir, *extra, **popen):
@@ -36,11 +39,12 @@ def _finish(proc, timeout=600):
 
 
 @pytest.mark.slow
-def test_kill_and_resume_matches_uninterrupted(tmp_path):
+@pytest.mark.parametrize("attention", [MAIN, DENSE], ids=["moba_dst", "dense"])
+def test_kill_and_resume_matches_uninterrupted(tmp_path, attention):
     straight, killed = tmp_path / "straight", tmp_path / "killed"
-    _finish(_train(straight))
+    _finish(_train(straight, *attention))
 
-    proc = _train(killed)
+    proc = _train(killed, *attention)
     marker = killed / "checkpoints" / str(2 * EVERY)  # a finished checkpoint directory
     deadline = time.time() + 600
     while not marker.exists():
@@ -51,17 +55,19 @@ def test_kill_and_resume_matches_uninterrupted(tmp_path):
     proc.wait()
     assert len(read_metrics(str(killed))) < STEPS, "the run finished before the kill"
 
-    _finish(_train(killed))
+    _finish(_train(killed, *attention))
     want, got = read_metrics(str(straight)), read_metrics(str(killed))
     assert sorted(want) == sorted(got) == list(range(1, STEPS + 1))
     for step in want:
         assert got[step]["loss"] == want[step]["loss"], step
+        budgets = {k: v for k, v in want[step].items() if k.startswith("budget/")}
+        assert budgets == {k: got[step][k] for k in budgets}, step
 
 
 @pytest.mark.slow
 def test_diverging_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
     # Adam's step is ~lr whatever the gradient, so lr=1e30 wrecks the weights at step 1.
-    proc = _train(tmp_path, "--config.optimizer.learning_rate=1e30",
+    proc = _train(tmp_path, *DENSE, "--config.optimizer.learning_rate=1e30",
                   "--config.optimizer.warmup_steps=0", "--config.train.checkpoint_every=1")
     _, err = proc.communicate(timeout=600)
     assert proc.returncode != 0
