@@ -24,7 +24,6 @@ import dataclasses
 import json
 import os
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
@@ -35,20 +34,15 @@ from pallas_kernels.moba import (MobaBlockSizes, build_kv_layout, moba_attention
                                  moba_gate, moba_reference)
 from pallas_kernels.moba import attention, gating, kernels  # noqa: E402
 from pallas_kernels.moba.reference import reference_gate_scores  # noqa: E402
+from sparsebalance_jax.balance.timing import time_call  # noqa: E402
 
 HEADS = {"h128": (16, 16, 128), "h64": (14, 2, 64), "tiny": (2, 1, 16)}  # (Hq, Hkv, D)
 INTERPRET = False  # --interpret: CPU smoke runs of this script
 
 
 def timeit(fn, *args, reps: int) -> float:
-  """Median wall time (ms) of fn(*args) after one warm-up, synchronised each run."""
-  jax.block_until_ready(fn(*args))
-  times = []
-  for _ in range(reps):
-    t0 = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    times.append(time.perf_counter() - t0)
-  return 1e3 * float(np.median(times))
+  """Median milliseconds of fn(*args) after one warm-up (the project's timing rule)."""
+  return 1e3 * time_call(fn, *args, warmup=1, repeats=reps)
 
 
 def inputs(seed, b, t, hq, hkv, d, dtype):
