@@ -10,11 +10,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
+# The owning modules' tables of valid names: one list each, checked here at start.
+from sparsebalance_jax.balance.tuner import ANCHORS
+from sparsebalance_jax.data.batching import BATCHERS
+from sparsebalance_jax.data.lengths import LENGTH_KINDS as LENGTH_DISTRIBUTIONS
+
 ATTENTION_IMPLEMENTATIONS = ("reference", "cudnn", "moba")
 DTYPES = ("float32", "bfloat16")
-BATCHERS = ("random", "lbb", "sab")
-LENGTH_DISTRIBUTIONS = ("longalign", "chatqa2", "uniform", "fixed")
-ANCHORS = ("mean", "min", "max")
 
 
 class ConfigError(ValueError):

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib
 import sys
 from typing import Any
 
@@ -35,6 +34,7 @@ import grain
 import numpy as np
 
 from sparsebalance_jax.data import documents, lengths, sources
+from sparsebalance_jax.data.batching import make_batcher
 from sparsebalance_jax.data.documents import CropCounter, Document
 from sparsebalance_jax.data.jsonl import JsonlIndex
 from sparsebalance_jax.data.tokenizer import TOKENIZER_KINDS, make_tokenizer
@@ -175,7 +175,6 @@ def train_iterator(spec: DataSpec, seed: int, num_shards: int, micro_batches: in
     # Small prefetch: long documents are large, and 2-core CPU hosts gain nothing from more.
     read_options = read_options or grain.ReadOptions(num_threads=2, prefetch_buffer_size=16)
     docs = document_dataset(spec, seed, crop_counter=crop_counter).to_iter_dataset(read_options)
-    make_batcher = importlib.import_module("sparsebalance_jax.data.batching").make_batcher
     steps = make_batcher(batcher, docs, num_shards=num_shards, micro_batches=micro_batches,
                          rows_per_micro_batch=rows_per_micro_batch, row_len=row_len,
                          align=block_size, base_budget=base_budget, window=window,

