@@ -1,14 +1,12 @@
 """grain pipeline: deterministic documents, mixture, crops, step-batch iterator resume, shards."""
 
 import json
-import sys
-import types
 
 import grain
 import numpy as np
 import pytest
 
-from sparsebalance_jax.data import documents, packing
+from sparsebalance_jax.data import documents, packing, pipeline
 from sparsebalance_jax.data.pipeline import DataSpec, document_dataset, train_iterator
 from sparsebalance_jax.data.tokenizer import ASSISTANT_ID, EOS_ID, make_tokenizer
 
@@ -132,9 +130,8 @@ class _SequentialIterator(grain.DatasetIterator):
 
 @pytest.fixture
 def sequential_batcher(monkeypatch):
-    module = types.ModuleType("sparsebalance_jax.data.batching")
-    module.make_batcher = lambda name, parent, **kw: _SequentialBatcher(parent, **kw)
-    monkeypatch.setitem(sys.modules, "sparsebalance_jax.data.batching", module)
+    monkeypatch.setattr(pipeline, "make_batcher",
+                        lambda name, parent, **kw: _SequentialBatcher(parent, **kw))
 
 
 GEOMETRY = dict(num_shards=4, micro_batches=2, rows_per_micro_batch=2, row_len=512,
