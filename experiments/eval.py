@@ -1,4 +1,4 @@
-"""Evaluate a checkpoint on the synthetic suite and (optionally) LongBench.
+"""Evaluate a checkpoint: held-out text loss, the synthetic suite and (optionally) LongBench.
 
     python -m experiments.eval --config=configs/longbench.py:cpu --checkpoint=runs/longbench-cpu
     python -m experiments.eval --config=configs/longbench.py --checkpoint=runs/longbench-gpu \
@@ -31,6 +31,10 @@ _LENGTHS = flags.DEFINE_list("suite_lengths", None,
 _PER_CELL = flags.DEFINE_integer("suite_per_cell", 8, "Examples per (task, length).")
 _SEED = flags.DEFINE_integer("suite_seed", 1234, "Suite seed (training uses data.seed).")
 _TASKS = flags.DEFINE_list("suite_tasks", None, "Synthetic tasks (default: all five).")
+_TEXT_LENGTHS = flags.DEFINE_list("text_lengths", None,
+                                   "Held-out text document lengths in tokens (default: 1/4, 1/2, "
+                                   "all of max_seq_len); 'none' skips the text loss.")
+_TEXT_PER_CELL = flags.DEFINE_integer("text_per_cell", 8, "Held-out text documents per length.")
 _LB_DIR = flags.DEFINE_string("longbench_dir", "", "Folder of LongBench jsonl files.")
 _LB_TASKS = flags.DEFINE_list("longbench_tasks", None,
                               "LongBench tasks (default: all of LongBench / LongBench-E).")
@@ -78,19 +82,25 @@ def main(argv):
         lengths = tuple(int(x) for x in _LENGTHS.value)
     else:
         lengths = harness.default_suite_lengths(max_seq_len)
+    if _TEXT_LENGTHS.value == ["none"]:
+        text_lengths = ()
+    elif _TEXT_LENGTHS.value:
+        text_lengths = tuple(int(x) for x in _TEXT_LENGTHS.value)
+    else:
+        text_lengths = tuple(sorted({max_seq_len // 4, max_seq_len // 2, max_seq_len}))
     default_lb = longbench.LONGBENCH_E_TASKS if _LB_E.value else tuple(longbench.TASKS)
     request = harness.EvalRequest(
         settings=settings, suite_lengths=lengths, suite_per_cell=_PER_CELL.value,
         suite_seed=_SEED.value, suite_tasks=tuple(_TASKS.value or synthetic.TASKS),
         longbench_dir=_LB_DIR.value, longbench_tasks=tuple(_LB_TASKS.value or default_lb),
-        longbench_e=_LB_E.value)
+        longbench_e=_LB_E.value, text_lengths=text_lengths, text_per_cell=_TEXT_PER_CELL.value)
 
     def apply_fn(params, *inputs):
         return model.apply({"params": params}, *inputs)
 
-    haystack = load_corpus(tokenizer_kind=cfg.data.tokenizer).articles
+    heldout = load_corpus(tokenizer_kind=cfg.data.tokenizer, split="heldout")
     rows, results = harness.run(apply_fn, params, make_tokenizer(cfg.data.tokenizer), request,
-                                haystack)
+                                heldout)
     print(f"checkpoint {_CHECKPOINT.value} step {step}, mode {settings.mode}, "
           f"budget {settings.budget}, attention {cfg.attention.implementation}")
     print(harness.format_table(rows))

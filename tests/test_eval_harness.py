@@ -13,6 +13,7 @@ import pytest
 
 from configs.longbench import get_config
 from sparsebalance_jax.config import from_config_dict
+from sparsebalance_jax.data import sources
 from sparsebalance_jax.data.tokenizer import ByteTokenizer
 from sparsebalance_jax.eval import harness, longbench, suite
 from sparsebalance_jax.model import Transformer
@@ -196,7 +197,64 @@ def test_missing_longbench_file_fails_before_scoring(tmp_path):
         raise AssertionError("the model must not run before the data is checked")
 
     with pytest.raises(FileNotFoundError, match=r"qasper\.jsonl"):
-        harness.run(never_called, {}, TOK, request, HAYSTACK)
+        harness.run(never_called, {}, TOK, request, sources.load_corpus(split="heldout"))
+
+
+def _next_token_oracle(wrong_every: int | None):
+    """apply_fn predicting each row's true next token (read from a shifted copy of the row
+    it is given, EOS at the end of the segment), except at positions divisible by
+    `wrong_every` (if given), where it predicts token 0 with the same confidence."""
+    eos = TOK.special.eos
+
+    def host(inputs_BT, segment_ids_BT):
+        batch, length = inputs_BT.shape
+        logits = np.zeros((batch, length, VOCAB), np.float32)
+        for b in range(batch):
+            n = int(segment_ids_BT[b].sum())
+            nxt = np.full(length, eos, np.int32)
+            if n:  # filler rows of a short batch hold no segment
+                nxt[: n - 1] = inputs_BT[b, 1:n]
+            if wrong_every:
+                nxt[::wrong_every] = 0
+            logits[b, np.arange(length), nxt] = 30.0
+        return logits
+
+    def apply_fn(params, inputs_BT, segment_ids_BT, positions_BT, budget_B):
+        del params, positions_BT, budget_B
+        shape = jax.ShapeDtypeStruct((*inputs_BT.shape, VOCAB), jnp.float32)
+        return jax.pure_callback(host, shape, inputs_BT, segment_ids_BT)
+
+    return apply_fn
+
+
+def test_heldout_text_is_scored_on_every_token():
+    heldout = sources.load_corpus(split="heldout")
+    docs = harness.heldout_text(heldout, TOK, lengths=(300, 700), per_cell=3, seed=5)
+    assert sorted(docs) == [300, 700]
+    assert all(len(d) == n + 1 and d[0] == TOK.special.bos and d[-1] == TOK.special.eos
+               for n, ds in docs.items() for d in ds)
+    perfect = harness.evaluate_text(
+        harness.Scorer(_next_token_oracle(None), {}, TOK, _settings("greedy")), docs)
+    assert [r.score for r in perfect] == [1.0] * 6 and max(r.nll for r in perfect) < 1e-6
+    # Every 4th position wrong: position 0 and each multiple of 4 below n miss.
+    partly = harness.evaluate_text(
+        harness.Scorer(_next_token_oracle(4), {}, TOK, _settings("teacher_forced")), docs)
+    for r in partly:
+        n = int(r.bucket)
+        missed = -(-n // 4)
+        assert r.suite == "text" and r.score == pytest.approx(1 - missed / n)
+        assert r.nll == pytest.approx(30.0 * missed / n, rel=1e-4)
+
+
+def test_heldout_split_is_disjoint_from_training():
+    train = sources.load_corpus(split="train")
+    heldout = sources.load_corpus(split="heldout")
+    every = sources.load_corpus(split="all")
+    assert set(train.articles).isdisjoint(heldout.articles)
+    assert sorted(train.articles + heldout.articles) == sorted(every.articles)
+    assert len(heldout.articles) == -(-len(every.articles) // sources.HELDOUT_EVERY)
+    with pytest.raises(ValueError, match="split"):
+        sources.load_corpus(split="test")
 
 
 def test_default_suite_lengths():

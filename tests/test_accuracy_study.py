@@ -1,0 +1,99 @@
+"""Accuracy study: arm configs differ only in attention and balancing; the table's numbers
+come from each arm's metrics.jsonl and eval.json."""
+
+import json
+import os
+
+import pytest
+
+from configs import accuracy_study
+from sparsebalance_jax.config import from_config_dict
+from sparsebalance_jax.eval import study
+
+
+@pytest.mark.parametrize("preset", ["gpu", "cpu"], ids=["gpu_shape", "cpu_shape"])
+def test_arms_differ_only_in_attention_and_balancing(preset):
+    raws = {m: accuracy_study.get_config(f"{m},{preset}").to_dict()
+            for m in accuracy_study.METHODS}
+    cfgs = {m: from_config_dict(r) for m, r in raws.items()}
+    assert cfgs["dense"].attention.implementation == ("cudnn" if preset == "gpu" else "reference")
+    assert cfgs["moba"].attention.implementation == "moba"
+    assert (cfgs["sparsebalance"].data.batcher, cfgs["sparsebalance"].balance.dst) == ("sab", True)
+    assert (cfgs["moba"].data.batcher, cfgs["moba"].balance.dst) == ("lbb", False)
+    for m, raw in raws.items():
+        other = dict(raw)
+        for section, keys in (("attention", ["implementation"]), ("data", ["batcher"]),
+                              ("balance", ["dst"]), ("train", ["workdir"])):
+            other[section] = {k: v for k, v in raw[section].items() if k not in keys}
+        base = dict(raws["moba"])
+        for section in ("attention", "data", "balance", "train"):
+            base[section] = {k: v for k, v in base[section].items() if k in other[section]}
+        assert other == base, m
+    assert cfgs["moba"].num_data_shards == 2  # DST needs shards to balance
+
+
+def test_unknown_method_is_named():
+    with pytest.raises(ValueError, match="method: 'sparse'"):
+        accuracy_study.get_config("sparse")
+
+
+def _fake_arm(tmp_path, method, seed, losses, text_nll, scores):
+    arm = study.Arm(method, seed, str(tmp_path / f"{method}-seed{seed}"))
+    os.makedirs(arm.workdir)
+    with open(os.path.join(arm.workdir, "metrics.jsonl"), "w") as f:
+        for step, loss in enumerate(losses, 1):
+            f.write(json.dumps({"step": step, "loss": loss, "budget/shard0": 3.0,
+                                "budget/shard1": 5.0}) + "\n")
+    examples = [{"suite": "synthetic", "task": t, "bucket": "800", "score": s, "nll": 1.0 - s,
+                 "prediction": None} for t, ss in scores.items() for s in ss]
+    rows = [{"suite": "synthetic", "task": t, "bucket": "all", "n": len(ss),
+             "score": 100.0 * sum(ss) / len(ss), "nll": None} for t, ss in scores.items()]
+    rows.append({"suite": "text", "task": "heldout_wiki", "bucket": "all", "n": 2, "score": 40.0,
+                 "nll": text_nll})
+    with open(os.path.join(arm.workdir, "eval.json"), "w") as f:
+        json.dump({"rows": rows, "examples": examples}, f)
+    return arm
+
+
+def test_table_numbers_come_from_the_arms(tmp_path):
+    arms = [
+        _fake_arm(tmp_path, "moba", 0, [9.0] + [2.0] * 50, 1.5,
+                  {"needle": [1, 0], "vartrack": [0, 0]}),
+        _fake_arm(tmp_path, "moba", 1, [9.0] + [3.0] * 50, 1.7,
+                  {"needle": [1, 1], "vartrack": [1, 0]}),
+    ]
+    results = [study.arm_result(a) for a in arms]
+    assert results[0]["train_loss"] == 2.0  # the first (9.0) is outside the last 50 steps
+    assert results[0]["accuracy"] == {"needle": 50.0, "vartrack": 0.0}
+    assert results[1]["suite_accuracy"] == 75.0 and results[0]["mean_budget"] == 4.0
+    assert results[0]["answer_nll"] == pytest.approx(0.75)
+    (row,) = study.summarize_arms(results)
+    assert row["train_loss"] == pytest.approx((2.5, 0.5))
+    assert row["text_nll"] == pytest.approx((1.6, 0.1))
+    assert row["accuracy"]["needle"] == pytest.approx((75.0, 25.0))
+    table = study.format_markdown(results, [row])
+    assert "| moba | 1 | 51 | 3.000 | 1.700 |" in table and "2.500 +- 0.500" in table
+
+
+def test_arm_without_text_rows_is_an_error(tmp_path):
+    arm = _fake_arm(tmp_path, "dense", 0, [2.0], 1.0, {"needle": [1]})
+    path = os.path.join(arm.workdir, "eval.json")
+    with open(path) as f:
+        payload = json.load(f)
+    payload["rows"] = [r for r in payload["rows"] if r["suite"] != "text"]
+    with open(path, "w") as f:
+        json.dump(payload, f)
+    with pytest.raises(ValueError, match="held-out text"):
+        study.arm_result(arm)
+
+
+def test_commands_carry_seed_workdir_and_steps():
+    settings = study.StudySettings(preset="cpu", steps=12, suite_lengths=(800,),
+                                   suite_per_cell=2, text_per_cell=1, eval_batch_size=4)
+    (arm,) = study.plan_arms(["moba"], [1], "/tmp/x")
+    train, evaluate = study.arm_commands(arm, settings)
+    assert f"--config={study.CONFIG}:moba,cpu" in train
+    for flag in ("--config.train.seed=1", "--config.data.seed=1",
+                 "--config.train.workdir=/tmp/x/moba-seed1", "--config.train.num_steps=12"):
+        assert flag in train and flag in evaluate
+    assert "--checkpoint=/tmp/x/moba-seed1" in evaluate and "--suite_lengths=800" in evaluate
