@@ -13,7 +13,7 @@ bucket and writes the rows and per-example results as JSON to --output.
 
 import os
 
-from absl import app, flags
+from absl import app, flags, logging
 from ml_collections import config_flags
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a get_config() file.",
@@ -46,6 +46,7 @@ _OUTPUT = flags.DEFINE_string("output", None,
 
 def main(argv):
     del argv
+    logging.set_verbosity(logging.WARNING)  # Keep orbax's restore INFO lines off the console.
     import flax.linen as nn
     import jax
 
