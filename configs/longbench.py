@@ -104,6 +104,9 @@ def get_config(preset: str = "auto") -> ml_collections.ConfigDict:
     # EMA decay of the per-shard measured/predicted correction; it is fed where per-shard times
     # are measured (experiments/bench_balance.py), not by one SPMD step.
     b.ema_decay = 0.9
+    # Least relative gap to the anchor that moves a shard's budget; where per-shard times are
+    # measured, the larger of this and the EMA of the shard's prediction error applies.
+    b.dead_band = 0.02
 
     c.train = t = ml_collections.ConfigDict()
     t.num_steps = 2000 if gpu else 120  # Optimizer steps.

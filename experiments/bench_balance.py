@@ -97,7 +97,7 @@ def main(argv):
         num_shards=_SHARDS.value, micro_batches=_MICRO.value, rows_per_micro_batch=_ROWS.value,
         row_len=_SEQ_LEN.value, steps=_STEPS.value, base_budget=_BUDGET.value,
         tuner=tuner.TunerConfig(anchor=b.anchor, p=b.p, coverage_floor=b.coverage_floor,
-                                buckets=cfg.attention.budget_buckets),
+                                buckets=cfg.attention.budget_buckets, dead_band=b.dead_band),
         ema_decay=b.ema_decay, repeats=_REPEATS.value, bus_bytes_per_s=_BUS.value * 1e9,
         seed=_SEED.value)
     device = jax.devices()[0]

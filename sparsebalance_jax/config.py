@@ -102,6 +102,7 @@ class BalanceConfig:
     latency_model: str
     latency_table: str
     ema_decay: float
+    dead_band: float
 
 
 @dataclasses.dataclass(frozen=True)
@@ -248,6 +249,7 @@ def validate(cfg: Config, device_count: int | None = None) -> None:
     _require(cfg.balance.latency_model in ("analytic", "profiled"), "balance.latency_model",
              f"{cfg.balance.latency_model!r} not in ('analytic', 'profiled')")
     _require(0.0 <= cfg.balance.ema_decay < 1.0, "balance.ema_decay", "must be in [0, 1)")
+    _require(0.0 <= cfg.balance.dead_band < 1.0, "balance.dead_band", "must be in [0, 1)")
     t = cfg.train
     _require(t.num_steps > 0, "train.num_steps", "must be positive")
     _require(t.log_every > 0, "train.log_every", "must be positive")

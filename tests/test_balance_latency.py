@@ -96,9 +96,14 @@ def test_ema_correction_first_sets_then_blends_and_round_trips():
     ema.update(np.array([1.0, 2.0, 4.0]), predicted)
     np.testing.assert_allclose(ema.ratio_S, [1.5, 1.0, 0.75])
     np.testing.assert_allclose(ema.correct(predicted), [1.5, 2.0, 3.0])
+    # Error: none after one observation; then |observed / ratio before - 1|, then blended.
+    np.testing.assert_allclose(ema.error_S, [0.5, 0.0, 1.0])
+    ema.update(np.array([1.5, 2.0, 1.5]), predicted)
+    np.testing.assert_allclose(ema.error_S, [0.25, 0.0, 0.75])
     other = latency.EmaCorrection(3, decay=0.5)
     other.load_state_dict(json.loads(json.dumps(ema.state_dict())))
     np.testing.assert_array_equal(other.ratio_S, ema.ratio_S)
+    np.testing.assert_array_equal(other.error_S, ema.error_S)
     with pytest.raises(ValueError, match="3 shards"):
         latency.EmaCorrection(4).load_state_dict(ema.state_dict())
 

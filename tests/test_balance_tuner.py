@@ -47,6 +47,36 @@ def test_straggler_barely_above_the_anchor_keeps_its_budget():
     assert budgets[1] == BASE
 
 
+def test_dead_band_keeps_units_whose_gap_is_within_the_prediction_error():
+    # Units 0 / 1 stand 4% above / below the mean, units 2 / 3 stand 12% above / below.
+    load = np.array([1.04, 0.96, 1.12, 0.88])
+    table, fn = _table(load)
+    anchor = table[:, BASE].mean()
+    free = tuner.decide(table[:, BASE], BASE, None, fn, _config())
+    assert np.all(free != BASE)
+    banded = tuner.decide(table[:, BASE], BASE, None, fn, _config(dead_band=0.05))
+    assert banded[0] == banded[1] == BASE and banded[2] < BASE and banded[3] > BASE
+    assert table[3, banded[3]] <= anchor * 0.95 + 1e-12 < table[3, banded[3] + 1]
+    # A measured error wider than the static band widens it for that unit only.
+    measured = tuner.decide(table[:, BASE], BASE, None, fn, _config(dead_band=0.05),
+                            error_S=np.array([0.0, 0.0, 0.15, 0.0]))
+    assert measured[2] == BASE and measured[3] == banded[3]
+    with pytest.raises(ValueError, match="dead_band"):
+        _config(dead_band=1.0)
+
+
+def test_tuner_band_follows_its_measured_error():
+    load = np.array([1.1, 0.9])
+    table, fn = _table(load)
+    t = tuner.Tuner(_config(), num_units=2, ema_decay=0.5)
+    assert np.all(t.decide(BASE, fn).budgets_S != BASE)
+    predicted = table[:, BASE]
+    t.observe(predicted, predicted)  # first: the ratio is set, no error yet
+    t.observe(predicted * 1.2, predicted)  # the corrected prediction missed by 20%
+    np.testing.assert_allclose(t.ema.error_S, [0.2, 0.2])
+    assert np.all(t.decide(BASE, fn).budgets_S == BASE)
+
+
 @pytest.mark.parametrize("anchor", ["min", "max"])
 def test_min_anchor_only_lowers_and_max_anchor_only_raises(anchor):
     load = np.random.default_rng().uniform(0.5, 2.0, size=8)

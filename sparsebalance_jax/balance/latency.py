@@ -284,8 +284,11 @@ class EmaCorrection:
     """Per-shard EMA of measured/predicted time ratios; `correct` scales predictions by it.
 
     The first observation of a shard sets its ratio outright (no bias towards the prior 1.0);
-    later ones blend with weight (1 - decay). State is a dict of lists (JSON, so it checkpoints
-    with orbax's JSON handler beside the data-iterator state).
+    later ones blend with weight (1 - decay). `error_S` is the same EMA of the corrected
+    prediction's relative error, |measured / (predicted x ratio before the update) - 1|, from
+    the second observation on: how far the tuner can trust a corrected prediction (its dead
+    band). State is a dict of lists (JSON, so it checkpoints with orbax's JSON handler beside
+    the data-iterator state).
     """
 
     def __init__(self, num_shards: int, decay: float = 0.9):
@@ -293,6 +296,7 @@ class EmaCorrection:
             raise ValueError(f"EmaCorrection decay={decay} must be in [0, 1)")
         self.decay = decay
         self.ratio_S = np.ones(num_shards, dtype=np.float64)
+        self.error_S = np.zeros(num_shards, dtype=np.float64)
         self.count_S = np.zeros(num_shards, dtype=np.int64)
 
     def update(self, measured_S: np.ndarray, predicted_S: np.ndarray) -> None:
@@ -304,6 +308,10 @@ class EmaCorrection:
         if not (np.all(predicted_S > 0) and np.all(measured_S > 0)):
             raise ValueError("measured and predicted times must be positive")
         observed_S = measured_S / predicted_S
+        miss_S = np.abs(observed_S / self.ratio_S - 1.0)
+        self.error_S = np.select(
+            [self.count_S == 0, self.count_S == 1],
+            [self.error_S, miss_S], self.decay * self.error_S + (1.0 - self.decay) * miss_S)
         blended_S = self.decay * self.ratio_S + (1.0 - self.decay) * observed_S
         self.ratio_S = np.where(self.count_S == 0, observed_S, blended_S)
         self.count_S = self.count_S + 1
@@ -312,7 +320,8 @@ class EmaCorrection:
         return np.asarray(predicted_S, dtype=np.float64) * self.ratio_S
 
     def state_dict(self) -> dict[str, np.ndarray]:
-        return {"ratio_S": self.ratio_S.tolist(), "count_S": self.count_S.tolist()}
+        return {"ratio_S": self.ratio_S.tolist(), "error_S": self.error_S.tolist(),
+                "count_S": self.count_S.tolist()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         ratio_S = np.asarray(state["ratio_S"], dtype=np.float64)
@@ -320,6 +329,7 @@ class EmaCorrection:
             raise ValueError(f"EMA state for {ratio_S.size} shards, this run has "
                              f"{self.ratio_S.size}")
         self.ratio_S = ratio_S.copy()
+        self.error_S = np.asarray(state["error_S"], dtype=np.float64).copy()
         self.count_S = np.asarray(state["count_S"], dtype=np.int64).copy()
 
 

@@ -24,7 +24,12 @@ The decision, per unit s with predicted latency L_s at the base budget b and anc
    of the gate's score mass held by the selected blocks) reaches the floor. The floor only
    stops decreases: it does not raise a budget above the base (the base is the accuracy the
    user chose; if the base already misses the floor, the unit stays at the base or above).
-4. Budgets are data: any integer in [1, k_max]. The static k_max the step is compiled for is
+4. Dead band: a prediction is only as good as its error, so a unit moves only when its gap to
+   the anchor exceeds its band e_s = max(dead_band, the EMA of its corrected prediction's
+   relative error): a straggler when L_s > A (1 + e_s), a light unit when L_s < A (1 - e_s),
+   and a light unit rises only to budgets predicted at or below A (1 - e_s), so the error
+   alone cannot make it the new straggler. Inside the band the unit keeps the base budget.
+5. Budgets are data: any integer in [1, k_max]. The static k_max the step is compiled for is
    the bucket: the smallest configured bucket >= the step's largest budget (`bucket_for`), so
    the number of distinct compiled programs is bounded by the number of buckets.
 """
@@ -53,12 +58,15 @@ class TunerConfig:
     coverage_floor: float = 0.9
     buckets: tuple[int, ...] = (16, 32, 48, 64)
     enabled: bool = True
+    dead_band: float = 0.0  # least relative gap to the anchor that moves a unit (rule 4)
 
     def __post_init__(self):
         if self.anchor not in ANCHORS:
             raise ValueError(f"TunerConfig.anchor={self.anchor!r} not in {ANCHORS}")
         if not 0.1 <= self.p <= 0.3:
             raise ValueError(f"TunerConfig.p={self.p} must be in [0.1, 0.3]")
+        if not 0.0 <= self.dead_band < 1.0:
+            raise ValueError(f"TunerConfig.dead_band={self.dead_band} not in [0, 1)")
         if not 0.0 <= self.coverage_floor <= 1.0:
             raise ValueError(f"TunerConfig.coverage_floor={self.coverage_floor} not in [0, 1]")
         if (not self.buckets or list(self.buckets) != sorted(set(self.buckets))
@@ -130,9 +138,14 @@ def _floor_budget(coverage_fn: CoverageFn | None, unit: int, floor: float, lo: i
 
 
 def decide(predicted_S: np.ndarray, base_budget: int, coverage: np.ndarray | CoverageFn | None,
-           latency_fn: LatencyFn, config: TunerConfig) -> np.ndarray:
-    """Per-unit budgets int32 [N]; see the module docstring for the rule."""
+           latency_fn: LatencyFn, config: TunerConfig,
+           error_S: np.ndarray | None = None) -> np.ndarray:
+    """Per-unit budgets int32 [N]; see the module docstring for the rule. `error_S` is each
+    unit's measured relative prediction error (rule 4; none: only config.dead_band)."""
     predicted_S = np.asarray(predicted_S, dtype=np.float64)
+    band_S = np.full(predicted_S.shape, config.dead_band)
+    if error_S is not None:
+        band_S = np.maximum(band_S, np.asarray(error_S, dtype=np.float64))
     if not 1 <= base_budget <= config.k_max:
         raise ValueError(f"base_budget={base_budget} outside [1, k_max={config.k_max}]")
     budgets_S = np.full(predicted_S.shape, base_budget, dtype=np.int32)
@@ -142,7 +155,7 @@ def decide(predicted_S: np.ndarray, base_budget: int, coverage: np.ndarray | Cov
     lo, hi = budget_bounds(base_budget, config.p, config.k_max)
     target = anchor_latency(predicted_S, config.anchor)
     for s, latency in enumerate(predicted_S):
-        if latency > target:
+        if latency > target * (1.0 + band_S[s]):
             # Scan down from the base; the first minimum wins, so ties keep the larger budget.
             chosen, gap = base_budget, latency - target
             for k in range(base_budget - 1, lo - 1, -1):
@@ -151,10 +164,10 @@ def decide(predicted_S: np.ndarray, base_budget: int, coverage: np.ndarray | Cov
                     chosen, gap = k, k_gap
                 if latency_fn(s, k) <= target:
                     break  # lower budgets only move further below the anchor
-        elif latency < target:
+        elif latency < target * (1.0 - band_S[s]):
             chosen = base_budget
             for k in range(base_budget + 1, hi + 1):
-                if latency_fn(s, k) > target:
+                if latency_fn(s, k) > target * (1.0 - band_S[s]):
                     break
                 chosen = k
         else:
@@ -198,7 +211,8 @@ class Tuner:
             return latency_fn(unit, budget) * ratio_S[unit]
 
         before_S = np.array([corrected(s, base_budget) for s in range(self.num_units)])
-        budgets_S = decide(before_S, base_budget, coverage, corrected, self.config)
+        budgets_S = decide(before_S, base_budget, coverage, corrected, self.config,
+                           error_S=self.ema.error_S)
         after_S = np.array([corrected(s, int(k)) for s, k in enumerate(budgets_S)])
         bucket = bucket_for(budgets_S, self.config.buckets)
         row = self.step % len(self.history_budgets_HS)

@@ -64,7 +64,8 @@ class DstBalancer:
 
         b = cfg.balance
         self._tuner = Tuner(TunerConfig(anchor=b.anchor, p=b.p, coverage_floor=b.coverage_floor,
-                                        buckets=cfg.attention.budget_buckets),
+                                        buckets=cfg.attention.budget_buckets,
+                                        dead_band=b.dead_band),
                             cfg.num_data_shards, ema_decay=b.ema_decay)
         self._cost_model = cost_model
         self._coverage_fn = coverage_fn  # (step_batch, budget) -> coverage per shard [S]
