@@ -103,6 +103,7 @@ class BalanceConfig:
     latency_table: str
     ema_decay: float
     dead_band: float
+    shard_timing: bool
 
 
 @dataclasses.dataclass(frozen=True)
@@ -250,6 +251,9 @@ def validate(cfg: Config, device_count: int | None = None) -> None:
              f"{cfg.balance.latency_model!r} not in ('analytic', 'profiled')")
     _require(0.0 <= cfg.balance.ema_decay < 1.0, "balance.ema_decay", "must be in [0, 1)")
     _require(0.0 <= cfg.balance.dead_band < 1.0, "balance.dead_band", "must be in [0, 1)")
+    _require(not cfg.balance.shard_timing or mesh.fsdp * mesh.tensor == 1, "balance.shard_timing",
+             f"times each data shard on its own device, so it needs mesh.fsdp = mesh.tensor = 1 "
+             f"(got {mesh.fsdp} x {mesh.tensor}); set --config.balance.shard_timing=False")
     t = cfg.train
     _require(t.num_steps > 0, "train.num_steps", "must be positive")
     _require(t.log_every > 0, "train.log_every", "must be positive")

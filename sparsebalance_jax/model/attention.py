@@ -67,7 +67,9 @@ def attention_op(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, budget_B, *,
     """Dispatch on `cfg.implementation`; under a context mesh, per device via shard_map."""
     local = functools.partial(_local_attention, cfg=cfg, k_max=k_max)
     mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty:
+    if mesh.empty or set(mesh.manual_axes) == set(mesh.axis_names):
+        # No mesh, or already inside a shard_map over every axis (the per-shard timed step):
+        # the arrays here are this device's own.
         return local(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, budget_B)
     heads = P(BATCH_AXES, None, "tensor", None)
     rows = P(BATCH_AXES, None)

@@ -71,6 +71,12 @@ def mesh_name(mesh: MeshConfig) -> str:
     return "x".join(map(str, mesh.shape))
 
 
+def _on_mesh(raw: Mapping[str, Any], mesh: MeshConfig) -> dict[str, Any]:
+    # Every mesh is timed as one fused step: per-shard timing needs a data-only mesh.
+    return dict(raw, mesh=dataclasses.asdict(mesh),
+                balance=dict(raw["balance"], shard_timing=False))
+
+
 def check_meshes(raw: Mapping[str, Any], meshes: Sequence[MeshConfig]) -> int:
     """Validates the config under every mesh before any runs; returns their device count."""
     sizes = {mesh_name(m): m.data * m.fsdp * m.tensor for m in meshes}
@@ -78,7 +84,7 @@ def check_meshes(raw: Mapping[str, Any], meshes: Sequence[MeshConfig]) -> int:
         raise ConfigError(f"meshes: every mesh must use the same number of devices, got {sizes}")
     for mesh in meshes:
         try:
-            from_config_dict(dict(raw, mesh=dataclasses.asdict(mesh)))
+            from_config_dict(_on_mesh(raw, mesh))
         except ConfigError as e:
             raise ConfigError(f"mesh {mesh_name(mesh)}: {e}") from None
     return next(iter(sizes.values()))
@@ -134,7 +140,7 @@ def measure_mesh(raw: Mapping[str, Any], mesh: MeshConfig, steps: int, warmup: i
     from sparsebalance_jax.training.state import create_train_state
     from sparsebalance_jax.training.step import batch_shardings, compile_train_step
 
-    raw = dict(raw, mesh=dataclasses.asdict(mesh))
+    raw = _on_mesh(raw, mesh)
     cfg = from_config_dict(raw, device_count=jax.device_count())
     device_mesh = make_mesh(cfg.mesh)
     model = Transformer(cfg.model, cfg.attention, cfg.k_max)

@@ -18,6 +18,9 @@ class BudgetDecision:
     budgets: np.ndarray  # int32 [S, M, R]
     bucket: int
     extra: dict[str, float] = dataclasses.field(default_factory=dict)
+    # The latency model's uncorrected prediction per shard at the chosen budgets (DST only):
+    # what a measured shard time is compared with to update the EMA correction.
+    predicted_S: np.ndarray | None = None
 
     def scalars(self) -> dict[str, float]:
         per_shard = self.budgets.reshape(self.budgets.shape[0], -1).mean(axis=1)
@@ -37,8 +40,8 @@ class FixedBudgets:
         del params
         return BudgetDecision(np.asarray(step_batch["budgets"], np.int32), self.bucket)
 
-    def observe(self, decision: BudgetDecision, seconds: float) -> None:
-        del decision, seconds
+    def observe(self, decision: BudgetDecision, shard_seconds: np.ndarray | None) -> None:
+        del decision, shard_seconds
 
     def get_state(self) -> dict:
         return {}
@@ -54,9 +57,9 @@ class DstBalancer:
     (`shard_latency_table`). Coverage floor: the first layer's MoBA gate, run on this step's
     inputs with the current parameters, gives each shard's coverage at a candidate budget
     (computed lazily, only for budgets the tuner considers lowering to). The tuner's EMA
-    correction is fed per-shard measured times where the caller has them (the one-GPU
-    simulation times each shard separately); one SPMD step only exposes the step's time, which
-    corrects every shard alike, so in the loop the correction leaves the decisions unchanged.
+    correction (and the dead band's measured error) is fed each shard's measured compute time
+    when the loop times shards (`balance.shard_timing`, `training.step.ShardTimedStep`); without
+    it the decisions rest on the model's predictions alone.
     """
 
     def __init__(self, cfg, cost_model, coverage_fn):
@@ -101,10 +104,12 @@ class DstBalancer:
             extra[f"predicted_ms/shard{s}_tuned"] = 1e3 * t1
         if cov_S is not None:
             extra.update({f"coverage/shard{s}_base": float(c) for s, c in enumerate(cov_S)})
-        return BudgetDecision(budgets_SMR, d.bucket, extra)
+        chosen_S = seconds_SK[np.arange(len(d.budgets_S)), d.budgets_S]
+        return BudgetDecision(budgets_SMR, d.bucket, extra, predicted_S=chosen_S)
 
-    def observe(self, decision: BudgetDecision, seconds: float) -> None:
-        del decision, seconds  # see the class docstring: SPMD exposes no per-shard time
+    def observe(self, decision: BudgetDecision, shard_seconds: np.ndarray | None) -> None:
+        if shard_seconds is not None:
+            self._tuner.observe(np.asarray(shard_seconds), decision.predicted_S)
 
     def get_state(self) -> dict:
         return self._tuner.state_dict()

@@ -88,6 +88,10 @@ def coverage_probe(cfg: Config, model):
 
 
 def make_balancer(cfg: Config, cost_model):
+    if cfg.balance.shard_timing and jax.process_count() > 1:
+        raise ConfigError("balance.shard_timing: not supported with several processes yet (each "
+                          "process sees only its own devices' times); set "
+                          "--config.balance.shard_timing=False")
     if not cfg.balance.dst:
         return FixedBudgets(cfg.k_max)
     if jax.process_count() > 1:

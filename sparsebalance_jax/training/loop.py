@@ -18,8 +18,8 @@ from sparsebalance_jax.training import checkpoint
 from sparsebalance_jax.training.metrics import MetricsLogger
 from sparsebalance_jax.training.state import create_train_state, learning_rate_schedule
 from sparsebalance_jax.sharding.distributed import global_batch
-from sparsebalance_jax.training.step import (batch_shardings, jit_train_step, mesh_context,
-                                             to_step_layout)
+from sparsebalance_jax.training.step import (BATCH_KEYS, ShardTimedStep, batch_shardings, jit_train_step,
+                                             mesh_context, shard_batch_shardings, to_step_layout)
 
 
 class TrainingDivergedError(FloatingPointError):
@@ -49,6 +49,15 @@ def describe(cfg: Config) -> str:
     return "\n".join(lines)
 
 
+def shard_time_scalars(shard_seconds) -> dict[str, float]:
+    """Measured per-shard compute (ms) and their imbalance (max / mean), when measured."""
+    if shard_seconds is None:
+        return {}
+    out = {f"shard_ms/shard{s}": 1e3 * float(t) for s, t in enumerate(shard_seconds)}
+    out["imbalance_measured"] = float(np.max(shard_seconds) / np.mean(shard_seconds))
+    return out
+
+
 def train(cfg: Config, data_iterator, balancer, *, show_progress: bool = True) -> dict:
     """Runs (or resumes) training to `cfg.train.num_steps`; returns the final metrics.
 
@@ -60,8 +69,14 @@ def train(cfg: Config, data_iterator, balancer, *, show_progress: bool = True) -
     model = Transformer(cfg.model, cfg.attention, cfg.k_max)
     state, shardings = create_train_state(cfg, mesh, model, jax.random.key(cfg.train.seed))
     # One compiled step per budget bucket, counted: budgets within a bucket are data.
-    steps = CompileCache(jit_train_step(cfg.model, cfg.attention, shardings),
-                         cfg.attention.budget_buckets)
+    if cfg.balance.shard_timing:
+        steps = ShardTimedStep(cfg.model, cfg.attention, mesh, shardings,
+                               cfg.attention.budget_buckets)
+        layout, shardings_in = (lambda b: b), shard_batch_shardings(mesh)
+    else:
+        steps = CompileCache(jit_train_step(cfg.model, cfg.attention, shardings),
+                             cfg.attention.budget_buckets)
+        layout, shardings_in = to_step_layout, batch_shardings(mesh)
     manager = checkpoint.make_manager(cfg.train.workdir, every=cfg.train.checkpoint_every,
                                       keep=cfg.train.checkpoint_keep)
     start = 0
@@ -88,21 +103,27 @@ def train(cfg: Config, data_iterator, balancer, *, show_progress: bool = True) -
                                  f"(largest per-layer budget {largest}) outside "
                                  f"[1, bucket {decision.bucket}]")
             step_batch = dict(step_batch, budgets=decision.budgets)
-            batch = global_batch(batch_shardings(mesh), to_step_layout(step_batch))
+            batch = global_batch(shardings_in, layout(
+                {k: step_batch[k] for k in BATCH_KEYS}))
             t0 = time.perf_counter()
-            with mesh_context(mesh):
-                state, metrics = steps(decision.bucket, state, batch)
+            if cfg.balance.shard_timing:
+                state, metrics, shard_seconds = steps(decision.bucket, state, batch)
+            else:
+                with mesh_context(mesh):
+                    state, metrics = steps(decision.bucket, state, batch)
+                shard_seconds = None
             loss = float(metrics["loss"])  # Blocks: the step's time is measured to here.
             seconds = time.perf_counter() - t0
             if not math.isfinite(loss):
                 raise TrainingDivergedError(
                     f"loss is {loss} at step {step + 1}; stopping. The last good checkpoint "
                     f"(step {manager.latest_step()}) is kept in {cfg.train.workdir}")
-            balancer.observe(decision, seconds)
+            balancer.observe(decision, shard_seconds)
             last = dict(loss=loss, grad_norm=float(metrics["grad_norm"]),
                         learning_rate=float(schedule(step)), step_time_s=seconds,
                         tokens_per_s=row_tokens / seconds, trained_tokens=float(metrics["tokens"]),
-                        compiles=steps.compiles, **decision.scalars())
+                        compiles=steps.compiles, **decision.scalars(),
+                        **shard_time_scalars(shard_seconds))
             logger.write(step + 1, last, tensorboard=(step + 1) % cfg.train.log_every == 0)
             bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{last['tokens_per_s']:.0f}")
             bar.update(1)

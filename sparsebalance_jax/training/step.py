@@ -3,15 +3,31 @@
 A step batch holds `[M, B, T]` arrays (micro-batches, global rows, tokens) and per-row budgets
 `[M, B]`; rows are split over data x fsdp, so shard s owns rows [s*R, (s+1)*R). The loss is the
 mean over every trained token of the whole step, so any mesh gives the same loss and gradients.
+
+The shard-timed step (`ShardTimedStep`) is the same update in two programs, so that each data
+shard's own compute can be timed: under one SPMD program every device waits at the gradient
+all-reduce, and the step's time is the slowest shard's for all of them. Program 1 runs inside
+`shard_map` over the data axis and has no collective: each device computes its shard's summed
+loss, token count and gradients from its own rows (pipeline layout `[S, M, R, T]`), and a
+thread per device records when that device's outputs are ready - its compute time, measured
+on the device clock as seen from the host. Program 2 sums the shards' gradients (the
+all-reduce) and applies the update. It needs a data-only mesh (fsdp = tensor = 1): with
+parameters or heads split, a shard's work is not one device's. The cost: the all-reduce no
+longer overlaps the last backward layers, and one un-reduced gradient per device is held
+between the programs (the fused step holds it too, inside its program).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import threading
+import time
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
@@ -44,6 +60,11 @@ def loss_and_grads(model: Transformer, params, batch):
 
 def train_step(state, batch, *, model: Transformer):
     loss_sum, count, grads = loss_and_grads(model, state.params, batch)
+    return apply_summed_grads(state, loss_sum, count, grads)
+
+
+def apply_summed_grads(state, loss_sum, count, grads):
+    """The update from gradients summed over every trained token of the step."""
     denom = jnp.maximum(count, 1.0)
     grads = jax.tree.map(lambda g: g / denom, grads)
     new_state = state.apply_gradients(grads=grads)
@@ -87,6 +108,81 @@ def compile_train_step(model: Transformer, mesh: Mesh, state_shardings):
             return jitted(state, batch, k_max=model.k_max)
 
     return run
+
+
+def shard_batch_shardings(mesh: Mesh) -> dict[str, NamedSharding]:
+    """Pipeline layout [S, M, R, ...]: shard s's rows on data-shard s."""
+    return {k: NamedSharding(mesh, P(BATCH_AXES)) for k in BATCH_KEYS}
+
+
+def _per_shard_grads(params, batch_1MRT, *, model: Transformer):
+    # Inside shard_map every mesh axis is manual: the model's logical sharding constraints
+    # have nothing left to constrain, hence no rules.
+    with nn.logical_axis_rules(()):
+        loss, count, grads = loss_and_grads(model, params,
+                                            {k: v[0] for k, v in batch_1MRT.items()})
+    return loss[None], count[None], jax.tree.map(lambda g: g[None], grads)
+
+
+def _ready_seconds(arrays_S: list[jax.Array], start: float) -> list[float]:
+    """Seconds from `start` until each device's piece of the outputs is ready, one waiting
+    thread per device, so one device's wait never delays another's reading."""
+    by_device: dict = {}
+    for arr in arrays_S:
+        for shard in arr.addressable_shards:
+            by_device.setdefault(shard.index[0].start or 0, []).append(shard.data)
+    seconds = {}
+
+    def wait(s, pieces):
+        for piece in pieces:
+            piece.block_until_ready()
+        seconds[s] = time.perf_counter() - start
+
+    threads = [threading.Thread(target=wait, args=(s, p)) for s, p in by_device.items()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return [seconds[s] for s in sorted(seconds)]
+
+
+class ShardTimedStep:
+    """`step(bucket, state, batch_SMRT) -> (state, metrics, shard_seconds [S])`; see the module
+    docstring. Program 1 is compiled once per budget bucket (`CompileCache`), program 2 once."""
+
+    def __init__(self, model_cfg, attention_cfg, mesh: Mesh, state_shardings, buckets):
+        from sparsebalance_jax.balance.compile_cache import CompileCache
+
+        if mesh.shape["fsdp"] * mesh.shape["tensor"] != 1:
+            raise ValueError(f"per-shard timing needs a data-only mesh, got {dict(mesh.shape)}")
+        self._mesh = mesh
+
+        def local(params, batch, *, k_max: int):
+            model = Transformer(model_cfg, attention_cfg, k_max)
+            return jax.shard_map(functools.partial(_per_shard_grads, model=model), mesh=mesh,
+                                 in_specs=(P(), P(BATCH_AXES)), out_specs=P(BATCH_AXES),
+                                 check_vma=False)(params, batch)
+
+        def update(state, loss_S, count_S, grads_S):
+            return apply_summed_grads(state, loss_S.sum(), count_S.sum(),
+                                      jax.tree.map(lambda g: g.sum(0), grads_S))
+
+        self.local = CompileCache(jax.jit(local, static_argnames="k_max"), buckets)
+        self._update = jax.jit(update, out_shardings=(state_shardings, None),
+                               donate_argnames=("state", "grads_S"))
+
+    @property
+    def compiles(self) -> int:
+        return self.local.compiles
+
+    def __call__(self, bucket: int, state, batch):
+        with mesh_context(self._mesh):
+            local = self.local.compiled(bucket, state.params, batch)  # compiling is not timed
+            start = time.perf_counter()
+            loss_S, count_S, grads_S = local(state.params, batch)
+            shard_seconds = _ready_seconds([loss_S, count_S, *jax.tree.leaves(grads_S)], start)
+            state, metrics = self._update(state, loss_S, count_S, grads_S)
+        return state, metrics, np.asarray(shard_seconds)
 
 
 def to_step_layout(step_batch: dict) -> dict:

@@ -1,0 +1,135 @@
+"""Per-shard timing: the two-program step makes the fused step's update, its first program has
+no collective, each shard gets a time, and the times reach the tuner's EMA in the loop."""
+
+import dataclasses
+
+import jax
+import numpy as np
+import pytest
+
+from configs.longbench import get_config
+from sparsebalance_jax.config import ConfigError, MeshConfig, from_config_dict
+from sparsebalance_jax.model import Transformer
+from sparsebalance_jax.sharding import make_mesh
+from sparsebalance_jax.training import launch, loop
+from sparsebalance_jax.training.metrics import read_metrics
+from sparsebalance_jax.training.state import create_train_state
+from sparsebalance_jax.training.step import (ShardTimedStep, batch_shardings, compile_train_step,
+                                             shard_batch_shardings, to_step_layout)
+from tests.test_model import packed_inputs, tiny_config
+from tests.test_sharding import F32
+
+SHARDS, MICRO, ROWS, SEQ = 4, 2, 2, 64
+
+
+def _pipeline_batch(rng):
+    """Pipeline layout [S, M, R, T], ragged budgets per shard."""
+    n = SHARDS * MICRO * ROWS
+    tokens, seg, pos = packed_inputs(rng, n, SEQ, [0, 16, 48])
+    shape = (SHARDS, MICRO, ROWS, SEQ)
+    return dict(inputs=np.asarray(tokens).reshape(shape),
+                targets=np.roll(np.asarray(tokens), -1, axis=1).reshape(shape),
+                loss_mask=(rng.random(shape) < 0.8).astype(np.float32),
+                segment_ids=np.asarray(seg).reshape(shape),
+                positions=np.asarray(pos).reshape(shape),
+                budgets=rng.integers(1, 5, (SHARDS, MICRO, ROWS)).astype(np.int32))
+
+
+@pytest.mark.parametrize("implementation", ["reference", "moba"])
+def test_timed_step_makes_the_fused_update(implementation):
+    cfg = tiny_config(implementation)
+    cfg = dataclasses.replace(cfg, mesh=MeshConfig(SHARDS, 1, 1))
+    mesh = make_mesh(cfg.mesh, jax.devices()[:SHARDS])
+    model = Transformer(cfg.model, cfg.attention, cfg.k_max)
+    batch = _pipeline_batch(np.random.default_rng())
+
+    state, shardings = create_train_state(cfg, mesh, model, jax.random.key(0))
+    params0 = jax.tree.map(np.asarray, state.params)
+    fused_state, fused_metrics = compile_train_step(model, mesh, shardings)(
+        state, jax.device_put(to_step_layout(batch), batch_shardings(mesh)))
+    fused = jax.tree.map(lambda new, old: np.asarray(new) - old, fused_state.params, params0)
+
+    state, shardings = create_train_state(cfg, mesh, model, jax.random.key(0))
+    timed_step = ShardTimedStep(cfg.model, cfg.attention, mesh, shardings,
+                                cfg.attention.budget_buckets)
+    placed = jax.device_put(batch, shard_batch_shardings(mesh))
+    compiled = timed_step.local.compiled(cfg.k_max, state.params, placed)
+    hlo = compiled.as_text()
+    assert not any(op in hlo for op in ("all-reduce", "all-gather", "reduce-scatter",
+                                        "collective-permute", "all-to-all"))
+    timed_state, metrics, shard_seconds = timed_step(cfg.k_max, state, placed)
+    timed = jax.tree.map(lambda new, old: np.asarray(new) - old, timed_state.params, params0)
+
+    for key in ("loss", "tokens", "grad_norm"):
+        np.testing.assert_allclose(float(metrics[key]), float(fused_metrics[key]), **F32)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, **F32), timed, fused)
+    assert shard_seconds.shape == (SHARDS,) and np.all(shard_seconds > 0)
+    assert timed_step.compiles == 1
+
+
+def test_shard_timing_needs_a_data_only_mesh():
+    raw = get_config("cpu")
+    raw.balance.shard_timing = True
+    raw.mesh.update(data=1, fsdp=2)
+    with pytest.raises(ConfigError, match="balance.shard_timing: .*mesh.fsdp = mesh.tensor = 1"):
+        from_config_dict(raw)
+
+
+def test_loop_logs_shard_times_and_feeds_the_tuner(tmp_path, monkeypatch):
+    raw = get_config("cpu")
+    raw.balance.shard_timing = True
+    raw.train.update(num_steps=3, workdir=str(tmp_path), checkpoint_every=3)
+    raw.optimizer.warmup_steps = 1
+    raw.model.update(num_layers=1, d_model=64, mlp_dim=128)
+    raw.data.update(seq_len=512, max_doc_len=512, min_doc_len=32, length_scale=0.01,
+                    synthetic_weight=0.0)
+    cfg = from_config_dict(raw)  # data = 2 of the 8 host devices
+    cost = launch.latency_model(cfg)
+    balancer = launch.make_balancer(cfg, cost)
+    monkeypatch.setattr(loop, "make_mesh",
+                        lambda mesh_cfg: make_mesh(mesh_cfg, jax.devices()[:2]))
+    loop.train(cfg, launch.data_iterator(cfg, cost), balancer, show_progress=False)
+    metrics = read_metrics(str(tmp_path))
+    for step in (1, 2, 3):
+        assert metrics[step]["shard_ms/shard0"] > 0 and metrics[step]["shard_ms/shard1"] > 0
+        assert metrics[step]["imbalance_measured"] >= 1.0
+    ema = balancer.get_state()["ema"]
+    assert ema["count_S"] == [3, 3] and all(r > 0 for r in ema["ratio_S"])
+
+
+@pytest.mark.gpu
+def test_gpu_shard_times_follow_each_shards_own_work():
+    """Two GPUs, one 32K document per row: the shard at budget 24 must take clearly longer than
+    the one at budget 1 (one layer: ~33 vs ~11 ms on an H200), equal budgets about as long."""
+    if jax.device_count() < 2:
+        pytest.skip("needs 2 GPUs (data-parallel shards on separate devices)")
+    raw = get_config("gpu")
+    raw.model.num_layers = 2
+    raw.mesh.data = 2
+    raw.attention.update(block_size=512, budget=16, budget_buckets=(24,))
+    cfg = from_config_dict(raw)
+    mesh = make_mesh(cfg.mesh, jax.devices()[:2])
+    model = Transformer(cfg.model, cfg.attention, cfg.k_max)
+    state, shardings = create_train_state(cfg, mesh, model, jax.random.key(0))
+    step = ShardTimedStep(cfg.model, cfg.attention, mesh, shardings, (24,))
+    rng = np.random.default_rng()
+    shape = (2, 1, 1, cfg.data.seq_len)
+    tokens = rng.integers(0, 256, shape).astype(np.int32)
+    base = dict(inputs=tokens, targets=np.roll(tokens, -1, axis=-1),
+                loss_mask=np.ones(shape, np.float32), segment_ids=np.ones(shape, np.int32),
+                positions=np.broadcast_to(np.arange(shape[-1], dtype=np.int32), shape))
+
+    def median_seconds(budgets):
+        nonlocal state
+        batch = jax.device_put(dict(base, budgets=np.asarray(budgets, np.int32).reshape(2, 1, 1)),
+                               shard_batch_shardings(mesh))
+        times = []
+        for _ in range(6):
+            state, _, seconds = step(24, state, batch)
+            times.append(seconds)
+        return np.median(np.array(times[1:]), axis=0)
+
+    ragged = median_seconds([24, 1])
+    even = median_seconds([12, 12])
+    assert ragged[0] > 1.3 * ragged[1], ragged
+    assert 0.85 < even[0] / even[1] < 1.15, even
