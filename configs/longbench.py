@@ -107,12 +107,13 @@ def get_config(preset: str = "auto") -> ml_collections.ConfigDict:
     # Least relative gap to the anchor that moves a shard's budget; where per-shard times are
     # measured, the larger of this and the EMA of the shard's prediction error applies.
     b.dead_band = 0.02
-    # Time each data shard's own compute every step (a two-phase step: local gradients, then
-    # the all-reduce and update; training/step.py) and feed it to the tuner's EMA. Needs
-    # mesh.fsdp = mesh.tensor = 1 and one process. Off on CPU: host devices run a program
-    # without collectives one after another and report its outputs ready together, so the
-    # times say nothing per shard there (and the step takes about twice as long).
-    b.shard_timing = gpu
+    # Time each data shard's compute every step (a two-program step: local gradients, then the
+    # all-reduce and update; training/step.py), log it and feed it to the tuner's EMA. Needs
+    # mesh.fsdp = mesh.tensor = 1 and one process. Off by default: a shard's time is read from
+    # dispatch to its device's completion, and on two H200s the second GPU read ~13 ms (18%)
+    # later at every budget (BENCHMARKS.md), a lag DST then mistakes for work.
+    # On CPU the host devices finish together, so the times say nothing there.
+    b.shard_timing = False
 
     c.train = t = ml_collections.ConfigDict()
     t.num_steps = 2000 if gpu else 120  # Optimizer steps.

@@ -9,8 +9,11 @@ shard's own compute can be timed: under one SPMD program every device waits at t
 all-reduce, and the step's time is the slowest shard's for all of them. Program 1 runs inside
 `shard_map` over the data axis and has no collective: each device computes its shard's summed
 loss, token count and gradients from its own rows (pipeline layout `[S, M, R, T]`), and a
-thread per device records when that device's outputs are ready - its compute time, measured
-on the device clock as seen from the host. Program 2 sums the shards' gradients (the
+thread per device records when that device's outputs are ready, counted from the dispatch.
+That includes whatever delays a device's start: on two H200s with a 30M-parameter model the
+second GPU read ~13 ms later at every budget, also at half the budget, so not attention work
+(most likely the program being launched on the devices in turn; not separated from a slower
+device; BENCHMARKS.md). Program 2 sums the shards' gradients (the
 all-reduce) and applies the update. It needs a data-only mesh (fsdp = tensor = 1): with
 parameters or heads split, a shard's work is not one device's. The cost: the all-reduce no
 longer overlaps the last backward layers, and one un-reduced gradient per device is held
