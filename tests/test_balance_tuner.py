@@ -171,6 +171,28 @@ def test_tuner_uses_ema_correction_and_state_round_trips():
     assert restored.step == t.step
 
 
+def test_table_priced_only_within_the_bounds_gives_the_same_decisions():
+    from sparsebalance_jax.balance.latency import AnalyticLatencyModel, LayerShape
+
+    model = AnalyticLatencyModel(LayerShape(64, 4, 2, 16, 128, 16))
+    rng = np.random.default_rng()
+    config = _config(buckets=(16, 24))
+    bounds = tuner.budget_bounds(16, config.p, config.k_max)
+    for _ in range(20):
+        doc_lengths_SMD = rng.integers(0, 400, size=(8, 2, 6))
+        full = tuner.shard_latency_table(doc_lengths_SMD, model, 24, padded_tokens=4096)
+        part = tuner.shard_latency_table(doc_lengths_SMD, model, 24, padded_tokens=4096,
+                                         budget_range=bounds)
+        lo, hi = bounds
+        np.testing.assert_array_equal(part[:, lo:hi + 1], full[:, lo:hi + 1])
+        assert np.isnan(part[:, :lo]).all() and np.isnan(part[:, hi + 1:]).all()
+        want = tuner.decide(full[:, 16], 16, None, lambda s, k: full[s, k], config)
+        got = tuner.decide(part[:, 16], 16, None, lambda s, k: part[s, k], config)
+        np.testing.assert_array_equal(got, want)
+    with pytest.raises(ValueError, match="budget_range"):
+        tuner.shard_latency_table(doc_lengths_SMD, model, 24, budget_range=(0, 30))
+
+
 def test_shard_latency_table_sums_micro_batches():
     from sparsebalance_jax.balance.latency import AnalyticLatencyModel, LayerShape
 

@@ -53,7 +53,8 @@ import numpy as np
 from sparsebalance_jax.balance.compile_cache import CompileCache
 from sparsebalance_jax.balance.latency import LatencyModel
 from sparsebalance_jax.balance.timing import time_call
-from sparsebalance_jax.balance.tuner import Tuner, TunerConfig, shard_latency_table
+from sparsebalance_jax.balance.tuner import (Tuner, TunerConfig, budget_bounds,
+                                             shard_latency_table)
 from sparsebalance_jax.config import AttentionConfig, Config, ModelConfig
 from sparsebalance_jax.data import batching
 from sparsebalance_jax.data.packing import aligned_length
@@ -215,8 +216,9 @@ def run_method(method: Method, step_batches: list[dict[str, np.ndarray]], setup:
             return float(by_budget[k][s])
 
         start = time.perf_counter()
-        seconds_SK = shard_latency_table(batch["doc_lengths"], cost_model, config.k_max,
-                                         padded_tokens=padded)
+        seconds_SK = shard_latency_table(
+            batch["doc_lengths"], cost_model, config.k_max, padded_tokens=padded,
+            budget_range=budget_bounds(setup.base_budget, config.p, config.k_max))
         decision = tuner.decide(setup.base_budget, lambda s, k: seconds_SK[s, k],
                                 coverage=coverage)
         host_seconds = time.perf_counter() - start - coverage_seconds if method.dst else 0.0

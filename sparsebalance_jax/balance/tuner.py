@@ -98,18 +98,23 @@ def anchor_latency(predicted_S: np.ndarray, anchor: str) -> float:
 
 
 def shard_latency_table(doc_lengths_SMD: np.ndarray, cost_model: LatencyModel,
-                        k_max: int, padded_tokens: int | None = None) -> np.ndarray:
+                        k_max: int, padded_tokens: int | None = None,
+                        budget_range: tuple[int, int] | None = None) -> np.ndarray:
     """Predicted seconds float64 [S, k_max + 1] of each shard's micro-batches summed, at every
     budget 0..k_max (column 0 unused), from a step batch's `doc_lengths` [S, M, D]: one
-    vectorised pass, so `decide` then only looks values up."""
+    vectorised pass, so `decide` then only looks values up. `budget_range` = (lo, hi) prices
+    only those budgets (the tuner's `budget_bounds`, all it can choose); other columns are NaN."""
     S, M, D = doc_lengths_SMD.shape
-    lengths_KBD = np.broadcast_to(np.asarray(doc_lengths_SMD).reshape(1, S * M, D),
-                                  (k_max, S * M, D))
-    budget_KB = np.broadcast_to(np.arange(1, k_max + 1)[:, None], (k_max, S * M))
-    seconds_KB = cost_model.predict_batch(lengths_KBD.reshape(k_max * S * M, D),
+    lo, hi = budget_range or (1, k_max)
+    if not 1 <= lo <= hi <= k_max:
+        raise ValueError(f"budget_range ({lo}, {hi}) outside [1, k_max={k_max}]")
+    n = hi - lo + 1
+    lengths_KBD = np.broadcast_to(np.asarray(doc_lengths_SMD).reshape(1, S * M, D), (n, S * M, D))
+    budget_KB = np.broadcast_to(np.arange(lo, hi + 1)[:, None], (n, S * M))
+    seconds_KB = cost_model.predict_batch(lengths_KBD.reshape(n * S * M, D),
                                           budget_KB.reshape(-1), padded_tokens=padded_tokens)
-    seconds_SK = np.zeros((S, k_max + 1))
-    seconds_SK[:, 1:] = seconds_KB.reshape(k_max, S, M).sum(axis=2).T
+    seconds_SK = np.full((S, k_max + 1), np.nan)
+    seconds_SK[:, lo:hi + 1] = seconds_KB.reshape(n, S, M).sum(axis=2).T
     return seconds_SK
 
 

@@ -77,11 +77,12 @@ class DstBalancer:
         self._padded_tokens = cfg.data.rows_per_micro_batch * cfg.data.seq_len
 
     def decide(self, step_batch: dict, params) -> BudgetDecision:
-        from sparsebalance_jax.balance.tuner import shard_latency_table
+        from sparsebalance_jax.balance.tuner import budget_bounds, shard_latency_table
 
         start = time.perf_counter()
-        seconds_SK = shard_latency_table(step_batch["doc_lengths"], self._cost_model,
-                                         self._k_max, self._padded_tokens)
+        seconds_SK = shard_latency_table(
+            step_batch["doc_lengths"], self._cost_model, self._k_max, self._padded_tokens,
+            budget_range=budget_bounds(self._base, self._tuner.config.p, self._k_max))
         coverage_at: dict[int, np.ndarray] = {}
 
         def coverage(unit: int, budget: int) -> float:
