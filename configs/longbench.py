@@ -11,7 +11,8 @@ Presets:
   cpu: the same architecture scaled down (4 layers, d 128, 4/2 heads x 32) at 1K context,
        block 64, on 2 host devices (data=2) so that the per-shard budgets are visible. It runs
        120 steps in about 1.5 minutes on 2 cores (MoBA in Pallas interpret mode); the loss
-       falls from 5.95 (uniform over the 384-entry vocabulary) to about 2.7.
+       falls from 5.93 (uniform over the 384-entry vocabulary: 5.95) to about 2.6 (2.553 at
+       step 120 on 2026-11-29, 1 min 15 s wall).
 
 `auto` (the default) picks `gpu` when a CUDA device node exists, else `cpu`; the choice is made
 without starting JAX so that the CPU preset can still ask JAX for its host devices.
