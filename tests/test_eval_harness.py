@@ -260,3 +260,24 @@ def test_heldout_split_is_disjoint_from_training():
 def test_default_suite_lengths():
     assert harness.default_suite_lengths(1024) == (800, 992)
     assert harness.default_suite_lengths(32768) == (8192, 16384, 32736)
+
+
+def test_eval_command_writes_text_and_suite_rows(tmp_path):
+    """The README's evaluation command end to end (fresh parameters, tiny suite)."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "eval.json"
+    cmd = [sys.executable, "-m", "experiments.eval", "--config=configs/longbench.py:cpu",
+           "--checkpoint=init", "--suite_lengths=800", "--suite_per_cell=1",
+           "--suite_tasks=needle", "--text_lengths=128,256", "--text_per_cell=2",
+           f"--output={out}", "--config.attention.implementation=reference",
+           "--config.balance.dst=False", "--config.model.num_layers=1"]
+    root = pathlib.Path(__file__).parent.parent
+    done = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    payload = json.loads(out.read_text())
+    cells = {(r["suite"], r["task"], r["bucket"]): r["n"] for r in payload["rows"]}
+    assert cells[("synthetic", "needle", "800")] == 1
+    assert cells[("text", "heldout_wiki", "128")] == 2 and cells[("text", "heldout_wiki", "all")] == 4
+    assert "heldout_wiki" in done.stdout
