@@ -279,5 +279,6 @@ def test_eval_command_writes_text_and_suite_rows(tmp_path):
     payload = json.loads(out.read_text())
     cells = {(r["suite"], r["task"], r["bucket"]): r["n"] for r in payload["rows"]}
     assert cells[("synthetic", "needle", "800")] == 1
-    assert cells[("text", "heldout_wiki", "128")] == 2 and cells[("text", "heldout_wiki", "all")] == 4
+    assert cells[("text", "heldout_wiki", "128")] == 2
+    assert cells[("text", "heldout_wiki", "all")] == 4
     assert "heldout_wiki" in done.stdout

@@ -18,8 +18,9 @@ from sparsebalance_jax.training import checkpoint
 from sparsebalance_jax.training.metrics import MetricsLogger
 from sparsebalance_jax.training.state import create_train_state, learning_rate_schedule
 from sparsebalance_jax.sharding.distributed import global_batch
-from sparsebalance_jax.training.step import (BATCH_KEYS, ShardTimedStep, batch_shardings, jit_train_step,
-                                             mesh_context, shard_batch_shardings, to_step_layout)
+from sparsebalance_jax.training.step import (BATCH_KEYS, ShardTimedStep, batch_shardings,
+                                             jit_train_step, mesh_context, shard_batch_shardings,
+                                             to_step_layout)
 
 
 class TrainingDivergedError(FloatingPointError):
