@@ -33,6 +33,17 @@ def _settings(mode, batch_size=5, seq_multiple=64, max_seq_len=2048, min_seq_len
                                 min_seq_len=min_seq_len, budget=2, max_seq_len=max_seq_len)
 
 
+def _host_apply_fn(host):
+    """An apply_fn whose logits come from host(inputs_BT, segment_ids_BT) [B, T, VOCAB]."""
+
+    def apply_fn(params, inputs_BT, segment_ids_BT, positions_BT, budget_B):
+        del params, positions_BT, budget_B
+        shape = jax.ShapeDtypeStruct((*inputs_BT.shape, VOCAB), jnp.float32)
+        return jax.pure_callback(host, shape, inputs_BT, segment_ids_BT)
+
+    return apply_fn
+
+
 def _oracle(prompts_and_answers):
     """apply_fn that knows, for each prompt, the answer to give: logits one-hot (scale 30)
     on the next token of BOS USER prompt ASSISTANT answer EOS, and on EOS past its end.
@@ -59,12 +70,7 @@ def _oracle(prompts_and_answers):
             logits[b, np.arange(length), nxt] = 30.0
         return logits
 
-    def apply_fn(params, inputs_BT, segment_ids_BT, positions_BT, budget_B):
-        del params, positions_BT, budget_B
-        shape = jax.ShapeDtypeStruct((*inputs_BT.shape, VOCAB), jnp.float32)
-        return jax.pure_callback(host, shape, inputs_BT, segment_ids_BT)
-
-    return apply_fn
+    return _host_apply_fn(host)
 
 
 def _off_by_one(answer: str) -> str:
@@ -219,12 +225,7 @@ def _next_token_oracle(wrong_every: int | None):
             logits[b, np.arange(length), nxt] = 30.0
         return logits
 
-    def apply_fn(params, inputs_BT, segment_ids_BT, positions_BT, budget_B):
-        del params, positions_BT, budget_B
-        shape = jax.ShapeDtypeStruct((*inputs_BT.shape, VOCAB), jnp.float32)
-        return jax.pure_callback(host, shape, inputs_BT, segment_ids_BT)
-
-    return apply_fn
+    return _host_apply_fn(host)
 
 
 def test_heldout_text_is_scored_on_every_token():
