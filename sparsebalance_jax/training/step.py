@@ -34,6 +34,7 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from sparsebalance_jax.balance.compile_cache import CompileCache
 from sparsebalance_jax.model import Transformer, token_losses
 from sparsebalance_jax.sharding import BATCH_AXES, LOGICAL_RULES
 
@@ -154,8 +155,6 @@ class ShardTimedStep:
     docstring. Program 1 is compiled once per budget bucket (`CompileCache`), program 2 once."""
 
     def __init__(self, model_cfg, attention_cfg, mesh: Mesh, state_shardings, buckets):
-        from sparsebalance_jax.balance.compile_cache import CompileCache
-
         if mesh.shape["fsdp"] * mesh.shape["tensor"] != 1:
             raise ValueError(f"per-shard timing needs a data-only mesh, got {dict(mesh.shape)}")
         self._mesh = mesh
