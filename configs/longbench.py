@@ -103,7 +103,7 @@ def get_config(preset: str = "auto") -> ml_collections.ConfigDict:
     b.latency_model = "analytic"  # analytic (FLOP counts) or profiled (measured table, below).
     b.latency_table = "latency_tables"  # Folder of profiled tables, one per device and shape.
     # EMA decay of the per-shard measured/predicted correction; it is fed where per-shard times
-    # are measured (experiments/bench_balance.py), not by one SPMD step.
+    # are measured: experiments/bench_balance.py, and the loop with balance.shard_timing.
     b.ema_decay = 0.9
     # Least relative gap to the anchor that moves a shard's budget; where per-shard times are
     # measured, the larger of this and the EMA of the shard's prediction error applies.

@@ -51,7 +51,7 @@ def _fake_arm(tmp_path, method, seed, losses, text_nll, scores):
     rows.append({"suite": "text", "task": "heldout_wiki", "bucket": "all", "n": 2, "score": 40.0,
                  "nll": text_nll})
     with open(os.path.join(arm.workdir, "eval.json"), "w") as f:
-        json.dump({"rows": rows, "examples": examples}, f)
+        json.dump({"rows": rows, "examples": examples, "settings": {"budget": 3}}, f)
     return arm
 
 
@@ -66,6 +66,7 @@ def test_table_numbers_come_from_the_arms(tmp_path):
     assert results[0]["train_loss"] == 2.0  # the first (9.0) is outside the last 50 steps
     assert results[0]["accuracy"] == {"needle": 50.0, "vartrack": 0.0}
     assert results[1]["suite_accuracy"] == 75.0 and results[0]["mean_budget"] == 4.0
+    assert results[0]["moved_share"] == 0.5  # shard 1 at 5, off the base budget 3
     assert results[0]["answer_nll"] == pytest.approx(0.75)
     (row,) = study.summarize_arms(results)
     assert row["train_loss"] == pytest.approx((2.5, 0.5))

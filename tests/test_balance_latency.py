@@ -106,6 +106,13 @@ def test_ema_correction_first_sets_then_blends_and_round_trips():
     np.testing.assert_array_equal(other.error_S, ema.error_S)
     with pytest.raises(ValueError, match="3 shards"):
         latency.EmaCorrection(4).load_state_dict(ema.state_dict())
+    with pytest.raises(ValueError, match="error_S for 1 shards"):
+        other.load_state_dict(dict(ema.state_dict(), error_S=[0.1]))
+    # A state saved before the error EMA existed loads with the error at zero.
+    old = {k: v for k, v in ema.state_dict().items() if k != "error_S"}
+    other.load_state_dict(old)
+    np.testing.assert_array_equal(other.ratio_S, ema.ratio_S)
+    np.testing.assert_array_equal(other.error_S, np.zeros(3))
 
 
 def test_make_latency_model_rejects_unknown_kind():

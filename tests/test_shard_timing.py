@@ -90,11 +90,12 @@ def test_loop_logs_shard_times_and_feeds_the_tuner(tmp_path, monkeypatch):
                         lambda mesh_cfg: make_mesh(mesh_cfg, jax.devices()[:2]))
     loop.train(cfg, launch.data_iterator(cfg, cost), balancer, show_progress=False)
     metrics = read_metrics(str(tmp_path))
-    for step in (1, 2, 3):
+    assert "shard_ms/shard0" not in metrics[1]  # the compiling step is not timed
+    for step in (2, 3):
         assert metrics[step]["shard_ms/shard0"] > 0 and metrics[step]["shard_ms/shard1"] > 0
         assert metrics[step]["imbalance_measured"] >= 1.0
     ema = balancer.get_state()["ema"]
-    assert ema["count_S"] == [3, 3] and all(r > 0 for r in ema["ratio_S"])
+    assert ema["count_S"] == [2, 2] and all(r > 0 for r in ema["ratio_S"])
 
 
 @pytest.mark.gpu

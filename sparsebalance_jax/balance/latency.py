@@ -325,12 +325,16 @@ class EmaCorrection:
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         ratio_S = np.asarray(state["ratio_S"], dtype=np.float64)
-        if ratio_S.shape != self.ratio_S.shape:
-            raise ValueError(f"EMA state for {ratio_S.size} shards, this run has "
-                             f"{self.ratio_S.size}")
+        # States saved before the error EMA existed have no "error_S": start it at zero.
+        error_S = np.asarray(state.get("error_S", np.zeros_like(ratio_S)), dtype=np.float64)
+        count_S = np.asarray(state["count_S"], dtype=np.int64)
+        for name, x in (("ratio_S", ratio_S), ("error_S", error_S), ("count_S", count_S)):
+            if x.shape != self.ratio_S.shape:
+                raise ValueError(f"EMA state {name} for {x.size} shards, this run has "
+                                 f"{self.ratio_S.size}")
         self.ratio_S = ratio_S.copy()
-        self.error_S = np.asarray(state["error_S"], dtype=np.float64).copy()
-        self.count_S = np.asarray(state["count_S"], dtype=np.int64).copy()
+        self.error_S = error_S.copy()
+        self.count_S = count_S.copy()
 
 
 def make_latency_model(kind: str, shape: LayerShape, *, table_dir: str = "",

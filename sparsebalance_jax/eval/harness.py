@@ -18,7 +18,8 @@ The held-out text suite ("text") is language-model loss on Wikipedia articles th
 never draws (`sources.load_corpus(split="heldout")`): documents of the requested lengths, laid
 out as training lays out text (BOS, tokens, EOS), scored on every target token. Its "nll" is
 the mean per-token NLL (nats) and its "score" the next-token top-1 accuracy; it is the same
-in both modes.
+in both modes. Documents of one length bucket have equal length, so a bucket's row is the
+per-token mean; the "all" row averages the documents, each weighing the same.
 
 Rows are right-padded to a multiple of `seq_multiple` (the attention block size) with
 PAD tokens in segment 0; attention is causal and never crosses segments, so padding
