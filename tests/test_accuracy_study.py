@@ -98,3 +98,25 @@ def test_commands_carry_seed_workdir_and_steps():
                  "--config.train.workdir=/tmp/x/moba-seed1", "--config.train.num_steps=12"):
         assert flag in train and flag in evaluate
     assert "--checkpoint=/tmp/x/moba-seed1" in evaluate and "--suite_lengths=800" in evaluate
+
+
+def _report(path, arms, steps=700):
+    path.write_text(json.dumps({"settings": {"steps": steps}, "arms": arms}))
+    return str(path)
+
+
+def test_reports_of_separate_calls_combine(tmp_path):
+    arm = {"method": "moba", "seed": 0, "steps": 700, "train_loss": 1.0, "text_nll": 1.1,
+           "answer_nll": 1.8, "accuracy": {"needle": 0.0}, "suite_accuracy": 0.0,
+           "mean_budget": 4.0, "moved_share": 0.0}
+    a = _report(tmp_path / "a.json", [arm])
+    b = _report(tmp_path / "b.json", [dict(arm, seed=1, text_nll=1.3)])
+    results, meta = study.combine_reports([a, b])
+    assert [r["seed"] for r in results] == [0, 1] and meta["combined_from"] == [a, b]
+    (row,) = study.summarize_arms(results)
+    assert row["text_nll"] == pytest.approx((1.2, 0.1))
+    with pytest.raises(ValueError, match=r"arm \('moba', 0\) is in both"):
+        study.combine_reports([a, a])
+    c = _report(tmp_path / "c.json", [dict(arm, seed=2)], steps=500)
+    with pytest.raises(ValueError, match="settings"):
+        study.combine_reports([a, c])

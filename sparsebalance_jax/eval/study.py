@@ -155,6 +155,11 @@ def summarize_arms(results: Sequence[dict]) -> list[dict]:
     return rows
 
 
+def _percent(share: float | None) -> str:
+    # Reports written before the moved share was recorded have none.
+    return "-" if share is None else f"{100 * share:.0f}%"
+
+
 def format_markdown(results: Sequence[dict], summary: Sequence[dict]) -> str:
     tasks = list(results[0]["accuracy"])
     head = ("| method | seed | steps | train loss | held-out text NLL | answer NLL | "
@@ -165,7 +170,7 @@ def format_markdown(results: Sequence[dict], summary: Sequence[dict]) -> str:
                      f"{r['text_nll']:.3f} | {r['answer_nll']:.3f} | "
                      + " | ".join(f"{r['accuracy'][t]:.1f}" for t in tasks)
                      + f" | {r['suite_accuracy']:.1f} | {r['mean_budget']:.2f} | "
-                     f"{100 * r['moved_share']:.0f}% |")
+                     f"{_percent(r.get('moved_share'))} |")
 
     def pm(v, digits):
         return f"{v[0]:.{digits}f} +- {v[1]:.{digits}f}"
@@ -180,7 +185,32 @@ def format_markdown(results: Sequence[dict], summary: Sequence[dict]) -> str:
 
 
 def write_report(out_dir: str, arms: Sequence[Arm], meta: dict) -> tuple[str, str]:
-    results = [arm_result(a) for a in arms]
+    return write_results(out_dir, [arm_result(a) for a in arms], meta)
+
+
+def combine_reports(paths: Sequence[str]) -> tuple[list[dict], dict]:
+    """The arms of several study.json files (e.g. one seed per device call) as one study.
+    An arm (method, seed) present in two files is an error; so are reports with different
+    settings (steps, suite), which would not be comparable."""
+    results, seen, settings = [], {}, None
+    for path in paths:
+        with open(path) as f:
+            report = json.load(f)
+        if settings is None:
+            settings = report["settings"]
+        elif report["settings"] != settings:
+            raise ValueError(f"{path}: settings {report['settings']} differ from "
+                             f"{paths[0]}'s {settings}")
+        for r in report["arms"]:
+            key = (r["method"], r["seed"])
+            if key in seen:
+                raise ValueError(f"arm {key} is in both {seen[key]} and {path}")
+            seen[key] = path
+            results.append(r)
+    return results, {"settings": settings, "combined_from": list(paths)}
+
+
+def write_results(out_dir: str, results: Sequence[dict], meta: dict) -> tuple[str, str]:
     summary = summarize_arms(results)
     json_path = os.path.join(out_dir, "study.json")
     md_path = os.path.join(out_dir, "study.md")
