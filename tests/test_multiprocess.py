@@ -1,10 +1,12 @@
 """Two local CPU processes train one model together and agree with a single-process run.
 
 Each process runs `experiments.train` with 2 host devices; the processes find each other
-through a coordinator on 127.0.0.1 (JAX's CPU multi-process backend, gloo collectives). The
-4-device mesh (data 2 x fsdp 2) spans both processes, so process p feeds data shards 2p, 2p+1
-and holds half of every fsdp-sharded parameter. The run is compared against one process that
-has all 4 devices and the same mesh.
+through a coordinator on 127.0.0.1 (JAX's CPU multi-process backend, gloo collectives). Dense:
+the 4-device mesh (data 2 x fsdp 2) spans both processes, so process p feeds data shards 2p,
+2p+1 and holds half of every fsdp-sharded parameter. MoBA + DST: data 4, and the tuner's
+per-shard inputs (document lengths, gate coverage) are all-gathered so that both processes
+choose the same budgets for all four shards. Each run is compared against one process that has
+all 4 devices and the same mesh.
 """
 
 import os
@@ -23,15 +25,20 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 4
 TINY = [
     "--config.attention.implementation=reference", "--config.attention.block_size=32",
+    "--config.data.batcher=lbb",
     "--config.data.seq_len=256", "--config.data.max_doc_len=256", "--config.data.min_doc_len=32",
     "--config.data.length_scale=0.01", "--config.data.synthetic_weight=0.0",
     "--config.data.rows_per_micro_batch=1",
     "--config.model.num_layers=2", "--config.model.d_model=64", "--config.model.mlp_dim=128",
     "--config.model.compute_dtype=float32",
-    "--config.mesh.data=-1", "--config.mesh.fsdp=2",
     f"--config.train.num_steps={STEPS}", f"--config.train.checkpoint_every={STEPS}",
-    "--config.optimizer.warmup_steps=2", "--config.balance.dst=False",
+    "--config.optimizer.warmup_steps=2",
 ]
+DENSE = ["--config.mesh.data=-1", "--config.mesh.fsdp=2", "--config.balance.dst=False"]
+# Budget 2 of 8 blocks with p = 0.3 lets DST move a shard by one block either way.
+MOBA_DST = ["--config.attention.implementation=moba", "--config.mesh.data=-1",
+            "--config.mesh.fsdp=1", "--config.balance.dst=True", "--config.attention.budget=2",
+            "--config.attention.budget_buckets=(2,4)", "--config.balance.dead_band=0.0"]
 # float32 compute; the two runs differ only in how the cross-device sums are ordered.
 F32 = dict(rtol=2e-5, atol=2e-6)
 LOSS_IN_BAR = re.compile(r"loss=([0-9.]+)")
@@ -43,9 +50,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _train(workdir, devices: int, **env):
+def _train(workdir, devices: int, flags, **env):
     cmd = [sys.executable, "-m", "experiments.train", "--config=configs/longbench.py:cpu",
-           f"--config.train.workdir={workdir}", *TINY]
+           f"--config.train.workdir={workdir}", *TINY, *flags]
     env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
                JAX_PLATFORMS="cpu", **env)
     for name in (distributed.ENV_COORDINATOR, distributed.ENV_NUM_PROCESSES,
@@ -56,7 +63,7 @@ def _train(workdir, devices: int, **env):
                             stderr=subprocess.PIPE, text=True)
 
 
-def _finish(proc, timeout=120) -> str:
+def _finish(proc, timeout=300) -> str:
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -66,9 +73,9 @@ def _finish(proc, timeout=120) -> str:
     return out + err
 
 
-def _two_processes(workdir) -> list[str]:
+def _two_processes(workdir, flags) -> list[str]:
     port = _free_port()
-    procs = [_train(workdir, 2, JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
+    procs = [_train(workdir, 2, flags, JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
                     JAX_NUM_PROCESSES="2", JAX_PROCESS_ID=str(pid)) for pid in range(2)]
     try:
         return [_finish(p) for p in procs]
@@ -78,10 +85,11 @@ def _two_processes(workdir) -> list[str]:
                 p.kill()
 
 
-def test_two_processes_match_one(tmp_path):
+@pytest.mark.parametrize("flags", [DENSE, MOBA_DST], ids=["dense_fsdp", "moba_dst"])
+def test_two_processes_match_one(tmp_path, flags):
     single, multi = tmp_path / "single", tmp_path / "multi"
-    solo = _train(single, 4)
-    logs = _two_processes(multi)
+    solo = _train(single, 4, flags)
+    logs = _two_processes(multi, flags)
     _finish(solo)
 
     assert "(4 devices)" in logs[0] and "(4 devices)" in logs[1]
@@ -94,8 +102,14 @@ def test_two_processes_match_one(tmp_path):
         for key in ("loss", "grad_norm", "trained_tokens"):
             np.testing.assert_allclose(got[step][key], want[step][key], **F32,
                                        err_msg=f"step {step} {key}")
+    if flags is MOBA_DST:  # every shard's budget logged, identical in both runs, some moved
+        for step in want:
+            keys = [f"budget/shard{i}" for i in range(4)]
+            assert [got[step][k] for k in keys] == [want[step][k] for k in keys], step
+        assert any(got[s][f"budget/shard{i}"] != 2 for s in got for i in range(4))
+        return
     # The collective checkpoint restores on both processes: a rerun resumes at the end.
-    for log in _two_processes(multi):
+    for log in _two_processes(multi, flags):
         assert f"resumed from step {STEPS}" in log
 
 

@@ -15,15 +15,18 @@ import numpy as np
 
 @dataclasses.dataclass(frozen=True)
 class BudgetDecision:
-    budgets: np.ndarray  # int32 [S, M, R]
+    budgets: np.ndarray  # int32 [S, M, R] for this process's shards
     bucket: int
     extra: dict[str, float] = dataclasses.field(default_factory=dict)
     # The latency model's uncorrected prediction per shard at the chosen budgets (DST only):
     # what a measured shard time is compared with to update the EMA correction.
     predicted_S: np.ndarray | None = None
+    # Every shard's budget (DST decides for all shards of the job; logged by process 0).
+    shard_budgets_S: np.ndarray | None = None
 
     def scalars(self) -> dict[str, float]:
-        per_shard = self.budgets.reshape(self.budgets.shape[0], -1).mean(axis=1)
+        per_shard = (self.shard_budgets_S if self.shard_budgets_S is not None else
+                     self.budgets.reshape(self.budgets.shape[0], -1).mean(axis=1))
         out = {f"budget/shard{s}": float(b) for s, b in enumerate(per_shard)}
         out["budget/bucket"] = float(self.bucket)
         out.update(self.extra)
@@ -62,7 +65,10 @@ class DstBalancer:
     it the decisions rest on the model's predictions alone.
     """
 
-    def __init__(self, cfg, cost_model, coverage_fn):
+    def __init__(self, cfg, cost_model, coverage_fn, *, gather=None, first_shard: int = 0):
+        """`coverage_fn(step_batch, params, budget)` -> coverage of this process's shards;
+        `gather` turns a process-local [S_local, ...] array into the job's [S, ...] (identity
+        with one process); `first_shard` is this process's first data shard."""
         from sparsebalance_jax.balance.tuner import Tuner, TunerConfig
 
         b = cfg.balance
@@ -71,7 +77,9 @@ class DstBalancer:
                                         dead_band=b.dead_band),
                             cfg.num_data_shards, ema_decay=b.ema_decay)
         self._cost_model = cost_model
-        self._coverage_fn = coverage_fn  # (step_batch, budget) -> coverage per shard [S]
+        self._coverage_fn = coverage_fn
+        self._gather = gather or (lambda x: x)
+        self._first_shard = first_shard
         self._base = cfg.attention.budget
         self._k_max = cfg.attention.budget_buckets[-1]
         self._padded_tokens = cfg.data.rows_per_micro_batch * cfg.data.seq_len
@@ -80,19 +88,24 @@ class DstBalancer:
         from sparsebalance_jax.balance.tuner import budget_bounds, shard_latency_table
 
         start = time.perf_counter()
+        # Every process decides for every shard from the same gathered inputs, so all reach the
+        # same budgets (and issue the same gathers in the same order).
         seconds_SK = shard_latency_table(
-            step_batch["doc_lengths"], self._cost_model, self._k_max, self._padded_tokens,
+            self._gather(step_batch["doc_lengths"]), self._cost_model, self._k_max,
+            self._padded_tokens,
             budget_range=budget_bounds(self._base, self._tuner.config.p, self._k_max))
         coverage_at: dict[int, np.ndarray] = {}
 
         def coverage(unit: int, budget: int) -> float:
             if budget not in coverage_at:
-                coverage_at[budget] = np.asarray(self._coverage_fn(step_batch, params, budget))
+                coverage_at[budget] = np.asarray(self._gather(
+                    np.asarray(self._coverage_fn(step_batch, params, budget))))
             return float(coverage_at[budget][unit])
 
         d = self._tuner.decide(self._base, lambda s, k: float(seconds_SK[s, k]), coverage)
         cov_S = coverage_at.get(self._base)
-        budgets_SMR = np.broadcast_to(d.budgets_S[:, None, None],
+        local_S = d.budgets_S[self._first_shard:self._first_shard + len(step_batch["budgets"])]
+        budgets_SMR = np.broadcast_to(local_S[:, None, None],
                                       step_batch["budgets"].shape).astype(np.int32)
         before, after = d.predicted_before_S, d.predicted_after_S
         # Overhead: the whole decision on the host - latency table, the gate probes it asked
@@ -106,7 +119,8 @@ class DstBalancer:
         if cov_S is not None:
             extra.update({f"coverage/shard{s}_base": float(c) for s, c in enumerate(cov_S)})
         chosen_S = seconds_SK[np.arange(len(d.budgets_S)), d.budgets_S]
-        return BudgetDecision(budgets_SMR, d.bucket, extra, predicted_S=chosen_S)
+        return BudgetDecision(budgets_SMR, d.bucket, extra, predicted_S=chosen_S,
+                              shard_budgets_S=d.budgets_S.astype(np.float64))
 
     def observe(self, decision: BudgetDecision, shard_seconds: np.ndarray | None) -> None:
         if shard_seconds is not None:

@@ -94,14 +94,30 @@ def make_balancer(cfg: Config, cost_model):
                           "--config.balance.shard_timing=False")
     if not cfg.balance.dst:
         return FixedBudgets(cfg.k_max)
-    if jax.process_count() > 1:
-        raise ConfigError("balance.dst: not supported with several processes yet (the coverage "
-                          "probe runs on this process's rows only); set "
-                          "--config.balance.dst=False")
     from sparsebalance_jax.model import Transformer
 
     model = Transformer(cfg.model, cfg.attention, cfg.attention.budget_buckets[-1])
-    return DstBalancer(cfg, cost_model, coverage_probe(cfg, model))
+    if jax.process_count() == 1:
+        return DstBalancer(cfg, cost_model, coverage_probe(cfg, model))
+    # Several processes: each probes its own shards' rows with its local copy of the
+    # (replicated) parameters, and the per-shard inputs of the decision are all-gathered.
+    if cfg.mesh.fsdp * cfg.mesh.tensor != 1:
+        raise ConfigError("balance.dst: with several processes it needs replicated parameters "
+                          f"(mesh.fsdp = mesh.tensor = 1, got {cfg.mesh.fsdp} x "
+                          f"{cfg.mesh.tensor}); set --config.balance.dst=False")
+    from jax.experimental import multihost_utils
+
+    probe = coverage_probe(cfg, model)
+
+    def local_probe(step_batch, params, budget):
+        local_params = jax.tree.map(lambda x: x.addressable_data(0), params)
+        return probe(step_batch, local_params, budget)
+
+    per_process = cfg.num_data_shards // jax.process_count()
+    return DstBalancer(cfg, cost_model, local_probe,
+                       gather=lambda x: np.asarray(multihost_utils.process_allgather(
+                           np.asarray(x), tiled=True)),
+                       first_shard=jax.process_index() * per_process)
 
 
 def run(raw) -> dict:
