@@ -53,6 +53,9 @@ _ATTENTION = flags.DEFINE_enum("attention", "moba", ["moba", "reference"],
                                "Attention implementation (reference: dense, ignores budgets).")
 _INTERPRET = flags.DEFINE_bool("interpret", False, "CPU run: Pallas interpret mode and the "
                                "config's `cpu` preset model.")
+_RAISE_IN_BUCKET = flags.DEFINE_bool(
+    "raise_within_bucket", True, "DST raises light shards only within the base budget's bucket "
+    "(balance.raise_within_bucket); --noraise_within_bucket lets raises enlarge the step's k_max.")
 _MIN_DOC = flags.DEFINE_integer("min_doc_len", 128, "Shortest document in tokens.")
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of documents, batchers and parameters.")
 _OUT = flags.DEFINE_string("out", None, "Output folder (default: $OUT, else runs/bench_balance).")
@@ -79,6 +82,7 @@ def _config():
     raw.data.micro_batches = _MICRO.value
     raw.data.rows_per_micro_batch = _ROWS.value
     raw.data.seed = _SEED.value
+    raw.balance.raise_within_bucket = _RAISE_IN_BUCKET.value
     return config_lib.from_config_dict(raw)
 
 
@@ -97,7 +101,8 @@ def main(argv):
         num_shards=_SHARDS.value, micro_batches=_MICRO.value, rows_per_micro_batch=_ROWS.value,
         row_len=_SEQ_LEN.value, steps=_STEPS.value, base_budget=_BUDGET.value,
         tuner=tuner.TunerConfig(anchor=b.anchor, p=b.p, coverage_floor=b.coverage_floor,
-                                buckets=cfg.attention.budget_buckets, dead_band=b.dead_band),
+                                buckets=cfg.attention.budget_buckets, dead_band=b.dead_band,
+                                raise_within_bucket=b.raise_within_bucket),
         ema_decay=b.ema_decay, repeats=_REPEATS.value, bus_bytes_per_s=_BUS.value * 1e9,
         seed=_SEED.value)
     device = jax.devices()[0]
@@ -116,7 +121,8 @@ def main(argv):
         micro_batches=setup.micro_batches, rows_per_micro_batch=setup.rows_per_micro_batch,
         seq_len=setup.row_len, steps=setup.steps, base_budget=setup.base_budget,
         buckets=list(setup.tuner.buckets), anchor=b.anchor, p=b.p,
-        coverage_floor=b.coverage_floor, ema_decay=b.ema_decay, repeats=setup.repeats,
+        coverage_floor=b.coverage_floor, ema_decay=b.ema_decay, dead_band=b.dead_band,
+        raise_within_bucket=b.raise_within_bucket, repeats=setup.repeats,
         timing="per micro-batch: 1 warm-up call, then the median of `repeats` blocking calls",
         coverage="moba_coverage on layer-0 q/k of the initial parameters",
         param_bytes=runner.param_bytes, bus_gbps=_BUS.value, allreduce_seconds=allreduce,

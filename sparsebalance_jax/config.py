@@ -103,6 +103,7 @@ class BalanceConfig:
     latency_table: str
     ema_decay: float
     dead_band: float
+    raise_within_bucket: bool
     shard_timing: bool
 
 

@@ -19,8 +19,9 @@ def _table(load_S):
 
 
 def _config(**kw):
+    # Rules 1-4 are tested with raises free to cross buckets; rule 5 has its own test.
     return tuner.TunerConfig(**{"anchor": "mean", "p": 0.3, "coverage_floor": 0.0,
-                                "buckets": BUCKETS, **kw})
+                                "buckets": BUCKETS, "raise_within_bucket": False, **kw})
 
 
 def test_mean_anchor_moves_stragglers_down_and_light_units_up_without_passing_it():
@@ -63,6 +64,21 @@ def test_dead_band_keeps_units_whose_gap_is_within_the_prediction_error():
     assert measured[2] == BASE and measured[3] == banded[3]
     with pytest.raises(ValueError, match="dead_band"):
         _config(dead_band=1.0)
+
+
+def test_raises_stay_within_the_base_budgets_bucket():
+    # Base 20 sits in bucket 24 of (8, 16, 24, 32): p = 0.3 would allow 26, the bucket stops at
+    # 24, so the step keeps the k_max the base needs; lowering is unaffected.
+    load = np.array([1.3, 1.0, 0.6, 0.5])
+    table, fn = _table(load)
+    free = tuner.decide(table[:, BASE], BASE, None, fn, _config())
+    within = tuner.decide(table[:, BASE], BASE, None, fn, _config(raise_within_bucket=True))
+    assert free.max() == BASE + 6 and tuner.bucket_for(free, BUCKETS) == 32
+    assert within.max() == 24 and tuner.bucket_for(within, BUCKETS) == 24
+    assert within[0] == free[0] < BASE  # the straggler is lowered alike
+    # A base at the top of its bucket cannot rise at all.
+    top = tuner.decide(table[:, 16], 16, None, fn, _config(raise_within_bucket=True))
+    assert top.max() == 16 and top.min() < 16
 
 
 def test_tuner_band_follows_its_measured_error():

@@ -29,7 +29,13 @@ The decision, per unit s with predicted latency L_s at the base budget b and anc
    relative error): a straggler when L_s > A (1 + e_s), a light unit when L_s < A (1 - e_s),
    and a light unit rises only to budgets predicted at or below A (1 - e_s), so the error
    alone cannot make it the new straggler. Inside the band the unit keeps the base budget.
-5. Budgets are data: any integer in [1, k_max]. The static k_max the step is compiled for is
+5. Raising stays within the base's bucket (`raise_within_bucket`, default on): a light unit
+   rises at most to the largest budget of the smallest bucket holding the base. Every unit
+   of a step runs the program compiled for the step's largest budget, and a larger k_max costs
+   every unit, raised or not: on an H200 at 32K rows, block 512, shards whose budget stayed 16
+   ran 2.3-4.0% slower in steps pushed into bucket 24 by a raised shard (BENCHMARKS.md). A
+   raise buys accuracy for the light unit only, so it must not slow the whole step down.
+6. Budgets are data: any integer in [1, k_max]. The static k_max the step is compiled for is
    the bucket: the smallest configured bucket >= the step's largest budget (`bucket_for`), so
    the number of distinct compiled programs is bounded by the number of buckets.
 """
@@ -59,6 +65,7 @@ class TunerConfig:
     buckets: tuple[int, ...] = (16, 32, 48, 64)
     enabled: bool = True
     dead_band: float = 0.0  # least relative gap to the anchor that moves a unit (rule 4)
+    raise_within_bucket: bool = True  # rule 5
 
     def __post_init__(self):
         if self.anchor not in ANCHORS:
@@ -158,6 +165,8 @@ def decide(predicted_S: np.ndarray, base_budget: int, coverage: np.ndarray | Cov
         return budgets_S
     coverage_fn = _as_coverage_fn(coverage)
     lo, hi = budget_bounds(base_budget, config.p, config.k_max)
+    if config.raise_within_bucket:
+        hi = min(hi, bucket_for(np.array([base_budget]), config.buckets))
     target = anchor_latency(predicted_S, config.anchor)
     for s, latency in enumerate(predicted_S):
         if latency > target * (1.0 + band_S[s]):

@@ -74,7 +74,8 @@ class DstBalancer:
         b = cfg.balance
         self._tuner = Tuner(TunerConfig(anchor=b.anchor, p=b.p, coverage_floor=b.coverage_floor,
                                         buckets=cfg.attention.budget_buckets,
-                                        dead_band=b.dead_band),
+                                        dead_band=b.dead_band,
+                                        raise_within_bucket=b.raise_within_bucket),
                             cfg.num_data_shards, ema_decay=b.ema_decay)
         self._cost_model = cost_model
         self._coverage_fn = coverage_fn
