@@ -109,7 +109,7 @@ def get_config(preset: str = "auto") -> ml_collections.ConfigDict:
     # measured, the larger of this and the EMA of the shard's prediction error applies.
     b.dead_band = 0.02
     # Raise light shards only within the base budget's bucket: a larger k_max slows every shard
-    # of the step (2.3-4.0% at 32K on an H200), and a raise only buys the light shard accuracy.
+    # of the step (1-4% at 32K on an H200), and a raise only buys the light shard accuracy.
     b.raise_within_bucket = True
     # Time each data shard's compute every step (a two-program step: local gradients, then the
     # all-reduce and update; training/step.py), log it and feed it to the tuner's EMA. Needs

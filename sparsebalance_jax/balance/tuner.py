@@ -33,7 +33,7 @@ The decision, per unit s with predicted latency L_s at the base budget b and anc
    rises at most to the largest budget of the smallest bucket holding the base. Every unit
    of a step runs the program compiled for the step's largest budget, and a larger k_max costs
    every unit, raised or not: on an H200 at 32K rows, block 512, shards whose budget stayed 16
-   ran 2.3-4.0% slower in steps pushed into bucket 24 by a raised shard (BENCHMARKS.md). A
+   ran 1-4% slower in steps pushed into bucket 24 by a raised shard (BENCHMARKS.md). A
    raise buys accuracy for the light unit only, so it must not slow the whole step down.
 6. Budgets are data: any integer in [1, k_max]. The static k_max the step is compiled for is
    the bucket: the smallest configured bucket >= the step's largest budget (`bucket_for`), so
