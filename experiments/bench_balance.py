@@ -90,7 +90,8 @@ def main(argv):
     del argv
     import jax
 
-    from sparsebalance_jax.balance import latency, report, simulate, tuner
+    from sparsebalance_jax.balance import latency, report, simulate
+    from sparsebalance_jax.training.budgets import tuner_config
     from sparsebalance_jax.training.launch import data_spec
 
     out = _OUT.value or os.environ.get("OUT") or "runs/bench_balance"
@@ -100,9 +101,7 @@ def main(argv):
     setup = simulate.BenchSetup(
         num_shards=_SHARDS.value, micro_batches=_MICRO.value, rows_per_micro_batch=_ROWS.value,
         row_len=_SEQ_LEN.value, steps=_STEPS.value, base_budget=_BUDGET.value,
-        tuner=tuner.TunerConfig(anchor=b.anchor, p=b.p, coverage_floor=b.coverage_floor,
-                                buckets=cfg.attention.budget_buckets, dead_band=b.dead_band,
-                                raise_within_bucket=b.raise_within_bucket),
+        tuner=tuner_config(cfg),
         ema_decay=b.ema_decay, repeats=_REPEATS.value, bus_bytes_per_s=_BUS.value * 1e9,
         seed=_SEED.value)
     device = jax.devices()[0]

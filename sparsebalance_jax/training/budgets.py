@@ -53,6 +53,16 @@ class FixedBudgets:
         del state
 
 
+def tuner_config(cfg):
+    """The DST tuner's settings from a `Config` (its `balance` section and budget buckets)."""
+    from sparsebalance_jax.balance.tuner import TunerConfig
+
+    b = cfg.balance
+    return TunerConfig(anchor=b.anchor, p=b.p, coverage_floor=b.coverage_floor,
+                       buckets=cfg.attention.budget_buckets, dead_band=b.dead_band,
+                       raise_within_bucket=b.raise_within_bucket)
+
+
 class DstBalancer:
     """Dynamic sparsity tuning in the loop: one budget per data shard, each step.
 
@@ -69,14 +79,10 @@ class DstBalancer:
         """`coverage_fn(step_batch, params, budget)` -> coverage of this process's shards;
         `gather` turns a process-local [S_local, ...] array into the job's [S, ...] (identity
         with one process); `first_shard` is this process's first data shard."""
-        from sparsebalance_jax.balance.tuner import Tuner, TunerConfig
+        from sparsebalance_jax.balance.tuner import Tuner
 
-        b = cfg.balance
-        self._tuner = Tuner(TunerConfig(anchor=b.anchor, p=b.p, coverage_floor=b.coverage_floor,
-                                        buckets=cfg.attention.budget_buckets,
-                                        dead_band=b.dead_band,
-                                        raise_within_bucket=b.raise_within_bucket),
-                            cfg.num_data_shards, ema_decay=b.ema_decay)
+        self._tuner = Tuner(tuner_config(cfg), cfg.num_data_shards,
+                            ema_decay=cfg.balance.ema_decay)
         self._cost_model = cost_model
         self._coverage_fn = coverage_fn
         self._gather = gather or (lambda x: x)
@@ -99,8 +105,8 @@ class DstBalancer:
 
         def coverage(unit: int, budget: int) -> float:
             if budget not in coverage_at:
-                coverage_at[budget] = np.asarray(self._gather(
-                    np.asarray(self._coverage_fn(step_batch, params, budget))))
+                coverage_at[budget] = self._gather(
+                    np.asarray(self._coverage_fn(step_batch, params, budget)))
             return float(coverage_at[budget][unit])
 
         d = self._tuner.decide(self._base, lambda s, k: float(seconds_SK[s, k]), coverage)

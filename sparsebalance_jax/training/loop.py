@@ -10,7 +10,6 @@ import jax
 import numpy as np
 from tqdm import tqdm
 
-from sparsebalance_jax.balance.compile_cache import CompileCache
 from sparsebalance_jax.config import Config, max_layer_budget
 from sparsebalance_jax.model import Transformer
 from sparsebalance_jax.sharding import make_mesh
@@ -18,9 +17,7 @@ from sparsebalance_jax.training import checkpoint
 from sparsebalance_jax.training.metrics import MetricsLogger
 from sparsebalance_jax.training.state import create_train_state, learning_rate_schedule
 from sparsebalance_jax.sharding.distributed import global_batch
-from sparsebalance_jax.training.step import (BATCH_KEYS, ShardTimedStep, batch_shardings,
-                                             jit_train_step, mesh_context, shard_batch_shardings,
-                                             to_step_layout)
+from sparsebalance_jax.training.step import FusedStep, ShardTimedStep
 
 
 class TrainingDivergedError(FloatingPointError):
@@ -70,14 +67,8 @@ def train(cfg: Config, data_iterator, balancer, *, show_progress: bool = True) -
     model = Transformer(cfg.model, cfg.attention, cfg.k_max)
     state, shardings = create_train_state(cfg, mesh, model, jax.random.key(cfg.train.seed))
     # One compiled step per budget bucket, counted: budgets within a bucket are data.
-    if cfg.balance.shard_timing:
-        steps = ShardTimedStep(cfg.model, cfg.attention, mesh, shardings,
-                               cfg.attention.budget_buckets)
-        layout, shardings_in = (lambda b: b), shard_batch_shardings(mesh)
-    else:
-        steps = CompileCache(jit_train_step(cfg.model, cfg.attention, shardings),
-                             cfg.attention.budget_buckets)
-        layout, shardings_in = to_step_layout, batch_shardings(mesh)
+    step_kind = ShardTimedStep if cfg.balance.shard_timing else FusedStep
+    steps = step_kind(cfg.model, cfg.attention, mesh, shardings, cfg.attention.budget_buckets)
     manager = checkpoint.make_manager(cfg.train.workdir, every=cfg.train.checkpoint_every,
                                       keep=cfg.train.checkpoint_keep)
     start = 0
@@ -104,15 +95,9 @@ def train(cfg: Config, data_iterator, balancer, *, show_progress: bool = True) -
                                  f"(largest per-layer budget {largest}) outside "
                                  f"[1, bucket {decision.bucket}]")
             step_batch = dict(step_batch, budgets=decision.budgets)
-            batch = global_batch(shardings_in, layout(
-                {k: step_batch[k] for k in BATCH_KEYS}))
+            batch = global_batch(steps.batch_shardings, steps.layout(step_batch))
             t0 = time.perf_counter()
-            if cfg.balance.shard_timing:
-                state, metrics, shard_seconds = steps(decision.bucket, state, batch)
-            else:
-                with mesh_context(mesh):
-                    state, metrics = steps(decision.bucket, state, batch)
-                shard_seconds = None
+            state, metrics, shard_seconds = steps(decision.bucket, state, batch)
             loss = float(metrics["loss"])  # Blocks: the step's time is measured to here.
             seconds = time.perf_counter() - t0
             if not math.isfinite(loss):

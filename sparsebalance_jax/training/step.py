@@ -174,6 +174,12 @@ class ShardTimedStep:
         self.local = CompileCache(jax.jit(local, static_argnames="k_max"), buckets)
         self._update = jax.jit(update, out_shardings=(state_shardings, None),
                                donate_argnames="state")
+        self.batch_shardings = shard_batch_shardings(mesh)
+
+    @staticmethod
+    def layout(step_batch: dict) -> dict:
+        """The pipeline layout [S, M, R, T] as it is, without the batcher's bookkeeping keys."""
+        return {k: step_batch[k] for k in BATCH_KEYS}
 
     @property
     def compiles(self) -> int:
@@ -200,3 +206,26 @@ def to_step_layout(step_batch: dict) -> dict:
         x = x.swapaxes(0, 1)  # [M, S, R, ...]
         out[key] = x.reshape(x.shape[0], x.shape[1] * x.shape[2], *x.shape[3:])
     return out
+
+
+class FusedStep:
+    """The loop's step: `step(bucket, state, batch) -> (state, metrics, None)`, one program per
+    budget bucket (`CompileCache`). `layout` turns a pipeline step batch into the step layout,
+    `batch_shardings` places it. `ShardTimedStep` has the same interface."""
+
+    def __init__(self, model_cfg, attention_cfg, mesh: Mesh, state_shardings, buckets):
+        self._mesh = mesh
+        self._cache = CompileCache(jit_train_step(model_cfg, attention_cfg, state_shardings),
+                                   buckets)
+        self.batch_shardings = batch_shardings(mesh)
+
+    layout = staticmethod(to_step_layout)
+
+    @property
+    def compiles(self) -> int:
+        return self._cache.compiles
+
+    def __call__(self, bucket: int, state, batch):
+        with mesh_context(self._mesh):
+            state, metrics = self._cache(bucket, state, batch)
+        return state, metrics, None
