@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import json
 import os
 import sys
@@ -32,7 +33,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from pallas_kernels.moba import (MobaBlockSizes, build_kv_layout, moba_attention,  # noqa: E402
                                  moba_gate, moba_reference)
-from pallas_kernels.moba import attention, gating, kernels  # noqa: E402
+from pallas_kernels.moba import attention, gating, hopper, kernels  # noqa: E402
 from pallas_kernels.moba.reference import reference_gate_scores  # noqa: E402
 from sparsebalance_jax.balance.timing import time_call  # noqa: E402
 
@@ -60,9 +61,11 @@ def fwd_bwd(fn):
   return jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
 
 
-def check_correctness(bs: MobaBlockSizes) -> list[dict]:
+def check_correctness(bs: MobaBlockSizes, forward_kernels) -> list[dict]:
   rows = []
-  for dtype, (hq, hkv) in ((jnp.float32, (4, 4)), (jnp.bfloat16, (14, 2))):
+  cases = [(dtype, heads, fk) for dtype, heads in ((jnp.float32, (4, 4)), (jnp.bfloat16, (14, 2)))
+           for fk in forward_kernels if fk == "triton" or dtype == jnp.bfloat16]
+  for dtype, (hq, hkv), fk in cases:
     b, t, block, k_max, d = 2, 2048, 256, 4, 64
     q, k, v, do = inputs(1, b, t, hq, hkv, d, dtype)
     seg = np.ones((b, t), np.int32)
@@ -71,7 +74,7 @@ def check_correctness(bs: MobaBlockSizes) -> list[dict]:
     seg = jnp.asarray(seg)
     budget = jnp.asarray([2, 4], jnp.int32)
     kern = lambda q, k, v: moba_attention(q, k, v, seg, budget, block_size=block, k_max=k_max,
-                                          block_sizes=bs, interpret=INTERPRET)
+                                          block_sizes=bs, forward_kernel=fk, interpret=INTERPRET)
     ref = lambda q, k, v: moba_reference(q, k, v, seg, budget, block_size=block, k_max=k_max)
     # Share of (token, group) whose selection differs between the gate and the
     # dense per-(block, document) definition (near ties only; 0 expected).
@@ -89,8 +92,9 @@ def check_correctness(bs: MobaBlockSizes) -> list[dict]:
       g, w = np.asarray(g, np.float64), np.asarray(w, np.float64)
       err = float(np.linalg.norm(g - w) / np.linalg.norm(w)) if np.all(np.isfinite(g)) else 1e9
       rows.append(dict(kind="check", dtype=jnp.dtype(dtype).name, heads=f"{hq}/{hkv}",
-                       tensor=name, rel_err=err))
-      print(f"check {jnp.dtype(dtype).name:8s} {hq}/{hkv} {name}: rel err {err:.2e}", flush=True)
+                       forward_kernel=fk, tensor=name, rel_err=err))
+      print(f"check {jnp.dtype(dtype).name:8s} {hq}/{hkv} fwd={fk} {name}: rel err {err:.2e}",
+            flush=True)
   return rows
 
 
@@ -112,12 +116,14 @@ def bench_cudnn(t, hq, hkv, d, reps):
               fwd_tflops=flops / fwd_ms / 1e9, fwdbwd_tflops=3.5 * flops / fb_ms / 1e9)
 
 
-def bench_moba(t, block, ks, k_max, hq, hkv, d, bs, reps, kind="moba", gate=True):
+def bench_moba(t, block, ks, k_max, hq, hkv, d, bs, reps, kind="moba", gate=True,
+               forward_kernel="triton"):
   """One compile per (shape, k_max); every budget in ks reuses it (budgets are data)."""
   q, k_, v, do = inputs(0, 1, t, hq, hkv, d, jnp.bfloat16)
   seg = jnp.ones((1, t), jnp.int32)
   f = lambda q, k_, v, budget: moba_attention(q, k_, v, seg, budget, block_size=block,
-                                              k_max=k_max, block_sizes=bs, interpret=INTERPRET)
+                                              k_max=k_max, block_sizes=bs,
+                                              forward_kernel=forward_kernel, interpret=INTERPRET)
   fwd = jax.jit(f)
   fb = jax.jit(jax.grad(lambda q, k_, v, do, budget: jnp.sum(
       f(q, k_, v, budget).astype(jnp.float32) * do.astype(jnp.float32)), argnums=(0, 1, 2)))
@@ -133,7 +139,7 @@ def bench_moba(t, block, ks, k_max, hq, hkv, d, bs, reps, kind="moba", gate=True
     budget = jnp.asarray([k], jnp.int32)
     flops = 4 * d * attended_pairs(sel_fn(q, k_, budget), block, hq // hkv)
     row = dict(kind=kind, seq=t, block=block, k=k, k_max=k_max, heads=f"{hq}/{hkv}", d=d,
-               block_sizes=dataclasses.asdict(bs))
+               forward_kernel=forward_kernel, block_sizes=dataclasses.asdict(bs))
     row["fwd_ms"] = timeit(fwd, q, k_, v, budget, reps=reps)
     row["fwdbwd_ms"] = timeit(fb, q, k_, v, do, budget, reps=reps)
     row["fwd_tflops"] = flops / row["fwd_ms"] / 1e9
@@ -172,6 +178,12 @@ def profile_stages(t, block, k, hq, hkv, d, variants, reps):
     fwd = jax.jit(lambda q_flat, k_, v: kernels.moba_forward_rows(
         q_flat, lay, k_, v, seg, block_size=block, bs=bs, interpret=INTERPRET))
     row[f"fwd_kernel_ms_{tag}"] = timeit(fwd, q_flat, k_, v, reps=reps)
+    try:  # the Hopper forward (its q row gather included), where the variant fits it
+      fwd_h = jax.jit(lambda q_flat, k_, v: hopper.moba_forward_rows(
+          q_flat, lay, k_, v, seg, block_size=block, bs=bs, interpret=INTERPRET))
+      row[f"fwd_mosaic_kernel_ms_{tag}"] = timeit(fwd_h, q_flat, k_, v, reps=reps)
+    except ValueError as e:
+      print(f"mosaic forward skipped for {tag}: {e}", flush=True)
     lse_flat = jnp.full((1, t * hq), 5.0, jnp.float32)
     args = (q_flat, do_flat, lse_flat, lse_flat * 0.01, lay, k_, v, seg)
     dq = jax.jit(lambda *a: kernels.moba_dq_rows(*a, block_size=block, bs=bs,
@@ -202,6 +214,9 @@ def main():
                  help="extra MobaBlockSizes for the first config: 'rows,k,kdkv,warps,stages;...'")
   p.add_argument("--profile", action="store_true",
                  help="time each stage alone at the first (S, block, k, heads) for every variant")
+  p.add_argument("--forward-kernels", nargs="+", default=["triton"],
+                 choices=sorted(attention.FORWARD_KERNELS),
+                 help="forward kernels to check and time (the backward is Triton's)")
   p.add_argument("--reps", type=int, default=10)
   p.add_argument("--skip-check", action="store_true")
   p.add_argument("--interpret", action="store_true", help="Pallas interpret mode (CPU smoke)")
@@ -211,7 +226,7 @@ def main():
   INTERPRET = args.interpret
   print("device:", jax.devices()[0].device_kind, "jax", jax.__version__, flush=True)
   bs0 = MobaBlockSizes()
-  rows = [] if args.skip_check else check_correctness(bs0)
+  rows = [] if args.skip_check else check_correctness(bs0, args.forward_kernels)
   variants = [bs0] + [
       MobaBlockSizes(block_rows=r, block_k=kk, block_k_dkv=kd, num_warps=w, num_stages=s,
                      num_warps_bwd=w, num_stages_bwd=s)
@@ -238,12 +253,15 @@ def main():
           if k > t // block:
             continue
           first = t == args.seqs[0] and block == args.blocks[0] and k == args.ks[0]
-          for bs in (variants if first and not args.profile else [bs0]):
+          for bs, fk in itertools.product(variants if first and not args.profile else [bs0],
+                                          args.forward_kernels):
             try:
-              rows.extend(bench_moba(t, block, [k], k, hq, hkv, d, bs, args.reps))
+              rows.extend(bench_moba(t, block, [k], k, hq, hkv, d, bs, args.reps,
+                                     forward_kernel=fk))
             except Exception as e:  # a variant that fails to compile is reported, not fatal
               rows.append(dict(kind="moba_error", seq=t, block=block, k=k, heads=name,
-                               block_sizes=dataclasses.asdict(bs), error=str(e)[:300]))
+                               forward_kernel=fk, block_sizes=dataclasses.asdict(bs),
+                               error=str(e)[:300]))
               print(rows[-1], flush=True)
             save()
         if args.sweep and args.sweep <= t // block:
@@ -252,7 +270,8 @@ def main():
           save()
   # Short table last.
   cud = {(r["seq"], r["heads"]): r for r in rows if r["kind"] == "cudnn"}
-  print("\nkind  heads  S      block k  kmax  fwd_ms  fb_ms   fwdTF  fbTF   xcuDNN(fb) gate_ms")
+  print("\nkind  fwd     heads  S      block k  kmax  fwd_ms  fb_ms   fwdTF  fbTF   xcuDNN(fb) "
+        "gate_ms")
   for r in rows:
     if r["kind"] not in ("moba", "sweep"):
       continue
@@ -260,7 +279,7 @@ def main():
     c = cud[(r["seq"], r["heads"])]
     r["ratio_fwdbwd"] = r["fwdbwd_tflops"] / c["fwdbwd_tflops"]
     r["ratio_fwd"] = r["fwd_tflops"] / c["fwd_tflops"]
-    print(f"{r['kind']:5s} {r['heads']:6s} {r['seq']:6d} {r['block']:5d} {r['k']:2d} "
+    print(f"{r['kind']:5s} {r['forward_kernel']:7s} {r['heads']:6s} {r['seq']:6d} {r['block']:5d} {r['k']:2d} "
           f"{r['k_max']:4d} {r['fwd_ms']:7.3f} {r['fwdbwd_ms']:7.3f} {r['fwd_tflops']:6.1f} "
           f"{r['fwdbwd_tflops']:6.1f} {r['ratio_fwdbwd']:6.3f} {r['gate_ms']:7.3f}")
   for c in cud.values():

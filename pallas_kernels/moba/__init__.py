@@ -3,7 +3,8 @@
 Public API::
 
     out_BTHD = moba_attention(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, budget_B, *,
-                              block_size, k_max, block_sizes=None, interpret=False)
+                              block_size, k_max, block_sizes=None, forward_kernel="triton",
+                              interpret=False)
     sel = moba_gate(q_BTHD, k_BTKD, segment_ids_BT, budget_B, *, block_size, k_max)
     cov_B = moba_coverage(q_BTHD, k_BTKD, segment_ids_BT, budget_B, *, block_size, k_max)
     ref_BTHD = moba_reference(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, budget_B, *,
@@ -68,8 +69,10 @@ made on this count, not by timing a query-centric kernel.
 Measured (BENCHMARKS.md, H200, bf16, S=32K, block 512, 16 heads, D=128): top-3
 forward+backward 5.9 ms, 0.37x cuDNN dense causal's useful-FLOP rate (target 0.6x
 not reached), gating 10% of it; time linear in the budget (R^2 0.999, k=2..16, one
-compile). The kernels themselves run at about 170-190 useful TF/s; a Mosaic GPU
-(wgmma, TMA) path is the next step and does not exist yet.
+compile). The kernels themselves run at about 170-190 useful TF/s. A Hopper forward in
+Pallas Mosaic GPU (TMA + wgmma, hopper.py, `forward_kernel="mosaic"`) is correct on
+the H200 but 5-10% slower than the Triton forward so far (no warp specialization yet);
+the backward is Triton's for both.
 """
 
 from pallas_kernels.moba.attention import moba_attention

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from pallas_kernels.moba import gating, kernels
+from pallas_kernels.moba import gating, hopper, kernels
 from pallas_kernels.moba.kernels import MobaBlockSizes
 
 
@@ -37,22 +37,25 @@ def _group_to_BTH(x_BGTGh, b, t, hq):
   return jnp.moveaxis(x_BGTGh, 1, 2).reshape(b, t, hq, *rest)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8, 9))
+FORWARD_KERNELS = {"triton": kernels.moba_forward_rows, "mosaic": hopper.moba_forward_rows}
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8, 9, 10))
 def _moba_core(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, ok_B, sel, layout, block_size, bs,
-               interpret):
+               interpret, forward_kernel):
   out, _ = _moba_fwd(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, ok_B, sel, layout, block_size, bs,
-                     interpret)
+                     interpret, forward_kernel)
   return out
 
 
 def _moba_fwd(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, ok_B, sel, layout, block_size, bs,
-              interpret):
+              interpret, forward_kernel):
   b, t, hq, d = q_BTHD.shape
   hkv = k_BTKD.shape[2]
   gh = hq // hkv
-  o_BGLD, lse_BGL = kernels.moba_forward_rows(q_BTHD.reshape(b, t * hq, d), layout, k_BTKD,
-                                              v_BTKD, segment_ids_BT, block_size=block_size,
-                                              bs=bs, interpret=interpret)
+  o_BGLD, lse_BGL = FORWARD_KERNELS[forward_kernel](
+      q_BTHD.reshape(b, t * hq, d), layout, k_BTKD, v_BTKD, segment_ids_BT,
+      block_size=block_size, bs=bs, interpret=interpret)
   used_BGTK = jnp.transpose(sel.selected_BTGK, (0, 2, 1, 3)) < t // block_size
   lse_BGTKH = jnp.where(used_BGTK[..., None], _from_entries(lse_BGL, layout, gh), -jnp.inf)
   any_BGT1H = used_BGTK.any(-1)[..., None, None]
@@ -71,7 +74,8 @@ def _moba_fwd(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, ok_B, sel, layout, block_s
   return out_BTHD, res
 
 
-def _moba_bwd(block_size, bs, interpret, res, do_BTHD):
+def _moba_bwd(block_size, bs, interpret, forward_kernel, res, do_BTHD):
+  del forward_kernel  # the backward kernels are the Triton ones for every forward
   q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, sel, layout, out_BTHD, lse_BTH = res
   b, t, hq, d = q_BTHD.shape
   hkv = k_BTKD.shape[2]
@@ -114,8 +118,15 @@ def _fused_gate(q_BTHD, k_BTKD, segment_ids_BT, budget_B, *, block_size, k_max, 
 
 def moba_attention(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, budget_B, *, block_size: int,
                    k_max: int, block_sizes: MobaBlockSizes | None = None,
-                   interpret: bool = False) -> jax.Array:
-  """MoBA attention (see the package docstring for the exact semantics)."""
+                   forward_kernel: str = "triton", interpret: bool = False) -> jax.Array:
+  """MoBA attention (see the package docstring for the exact semantics).
+
+  forward_kernel: "triton" (Pallas Triton lowering, any GPU, float32 or bf16) or
+  "mosaic" (Pallas Mosaic GPU, Hopper, bf16; hopper.py); the backward is the Triton
+  kernels' either way.
+  """
+  if forward_kernel not in FORWARD_KERNELS:
+    raise ValueError(f"forward_kernel={forward_kernel!r} is not one of {sorted(FORWARD_KERNELS)}")
   gating.validate_shapes(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, budget_B,
                          block_size=block_size, k_max=k_max)
   if k_BTKD.dtype != q_BTHD.dtype or v_BTKD.dtype != q_BTHD.dtype:
@@ -123,6 +134,8 @@ def moba_attention(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, budget_B, *, block_si
                      f"{k_BTKD.dtype}, {v_BTKD.dtype}")
   bs = (block_sizes or MobaBlockSizes()).fit(block_size)
   bs.check(block_size)
+  if forward_kernel == "mosaic":
+    hopper.check_supported(q_BTHD.dtype, q_BTHD.shape[-1], bs)
   segment_ids_BT = segment_ids_BT.astype(jnp.int32)
   ok_B = gating.check_budget(budget_B, k_max=k_max)
   sel = _fused_gate(lax.stop_gradient(q_BTHD), lax.stop_gradient(k_BTKD), segment_ids_BT,
@@ -132,4 +145,4 @@ def moba_attention(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, budget_B, *, block_si
                                   group_size=q_BTHD.shape[2] // k_BTKD.shape[2],
                                   block_rows=bs.block_rows)
   return _moba_core(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, ok_B, sel, layout, block_size, bs,
-                    interpret)
+                    interpret, forward_kernel)

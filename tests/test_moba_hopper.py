@@ -1,0 +1,94 @@
+"""The Mosaic GPU (Hopper) forward kernel: GPU interpret mode on CPU against the Triton
+forward kernel row by row and against the dense reference end to end; its argument
+checks; a GPU-marked check of the compiled kernel on an H200."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pallas_kernels.moba import MobaBlockSizes, build_kv_layout, hopper, kernels, moba_gate
+from tests.test_moba_gate import packed_segments
+from tests.test_moba_kernel import TOL, make_inputs, rel_err, run_both
+
+HOPPER = MobaBlockSizes(block_rows=64, block_k=64, block_k_dkv=64)
+
+
+@pytest.mark.parametrize("hq, hkv, block_size", [(2, 1, 128), (4, 4, 64)])
+def test_rows_match_triton_forward(hq, hkv, block_size):
+  """Partial outputs and lse of every row a used chunk holds: the same function as the
+  Triton kernel's, on fresh inputs with packed documents and ragged budgets."""
+  rng = np.random.default_rng()
+  b, t, d, k_max = 2, 4 * block_size, 64, 3
+  q, k, v, _ = make_inputs(rng, b, t, hq, hkv, d, jnp.bfloat16)
+  seg = packed_segments(rng, b, t, block_size, aligned=bool(rng.integers(2)))
+  budget = jnp.asarray(rng.integers(1, k_max + 1, size=b), jnp.int32)
+  sel = moba_gate(q, k, seg, budget, block_size=block_size, k_max=k_max)
+  layout = build_kv_layout(sel, seg, num_blocks=t // block_size, group_size=hq // hkv,
+                           block_rows=HOPPER.block_rows)
+  q_BSD = q.reshape(b, t * hq, d)
+  args = (q_BSD, layout, k, v, seg)
+  want_o, want_lse = kernels.moba_forward_rows(*args, block_size=block_size, bs=HOPPER,
+                                               interpret=True)
+  got_o, got_lse = hopper.moba_forward_rows(*args, block_size=block_size, bs=HOPPER,
+                                            interpret=True)
+  assert got_o.dtype == jnp.bfloat16 and got_lse.dtype == jnp.float32
+  used_BGL = np.repeat(np.asarray(layout.chunk_block_BGC) >= 0, HOPPER.block_rows, axis=-1)
+  real_BGL = used_BGL & (np.asarray(layout.row_seg_BGL) != 0)
+  assert real_BGL.sum() > 0
+  np.testing.assert_allclose(np.asarray(got_lse)[real_BGL], np.asarray(want_lse)[real_BGL],
+                             rtol=1e-5, atol=1e-5)
+  # bf16 outputs of the same float32 function: one bf16 ulp (2^-7 relative), plus what one
+  # probability rounded to the other side in bf16 (a 2^-8 relative step of one of the
+  # 64-512 weights) moves an output that cancels to near zero.
+  np.testing.assert_allclose(np.asarray(got_o, np.float32)[real_BGL],
+                             np.asarray(want_o, np.float32)[real_BGL], rtol=2 ** -7, atol=1e-3)
+
+
+def test_attention_with_mosaic_forward_matches_reference():
+  rng = np.random.default_rng()
+  b, t, block_size, k_max = 2, 256, 64, 3
+  q, k, v, do = make_inputs(rng, b, t, 4, 2, 64, jnp.bfloat16)
+  seg = packed_segments(rng, b, t, block_size, aligned=True)
+  budget = jnp.asarray(rng.integers(1, k_max + 1, size=b), jnp.int32)
+  got, want = run_both(q, k, v, do, seg, budget, block_size, k_max, bs=HOPPER,
+                       forward_kernel="mosaic")
+  for name, g, w in zip(("out", "dq", "dk", "dv"), got, want):
+    assert rel_err(g, w) < TOL[jnp.bfloat16], (name, rel_err(g, w))
+  pad = np.asarray(seg) == 0
+  assert np.all(np.asarray(got[0], np.float32)[pad] == 0)
+
+
+@pytest.mark.parametrize("dtype, d, bs, match", [
+    (jnp.float32, 64, HOPPER, "bfloat16"),
+    (jnp.bfloat16, 32, MobaBlockSizes(block_rows=64, block_k=32, block_k_dkv=32), "head_dim"),
+    (jnp.bfloat16, 64, MobaBlockSizes(block_rows=32, block_k=64), "block_rows"),
+])
+def test_unsupported_arguments_are_errors(dtype, d, bs, match):
+  from pallas_kernels.moba import moba_attention
+  rng = np.random.default_rng()
+  q, k, v, _ = make_inputs(rng, 1, 128, 2, 2, d, dtype)
+  seg = jnp.ones((1, 128), jnp.int32)
+  with pytest.raises(ValueError, match=match):
+    moba_attention(q, k, v, seg, jnp.asarray([2]), block_size=64, k_max=2, block_sizes=bs,
+                   forward_kernel="mosaic", interpret=True)
+  with pytest.raises(ValueError, match="forward_kernel"):
+    moba_attention(q, k, v, seg, jnp.asarray([2]), block_size=64, k_max=2,
+                   forward_kernel="cuda", interpret=True)
+
+
+@pytest.mark.gpu
+def test_gpu_compiled_mosaic_forward_matches_reference():
+  if "H100" not in jax.devices()[0].device_kind and "H200" not in jax.devices()[0].device_kind:
+    pytest.fail(f"the Mosaic GPU kernel targets Hopper, found {jax.devices()[0].device_kind}")
+  rng = np.random.default_rng()
+  b, t, block_size, k_max = 2, 2048, 256, 4
+  for hq, hkv, d in ((8, 2, 64), (4, 4, 128)):
+    q, k, v, do = make_inputs(rng, b, t, hq, hkv, d, jnp.bfloat16)
+    seg = packed_segments(rng, b, t, block_size, aligned=True)
+    budget = jnp.asarray([2, 4], jnp.int32)
+    got, want = run_both(q, k, v, do, seg, budget, block_size, k_max,
+                         bs=MobaBlockSizes(block_k=128), interpret=False,
+                         forward_kernel="mosaic")
+    for name, g, w in zip(("out", "dq", "dk", "dv"), got, want):
+      assert rel_err(g, w) < TOL[jnp.bfloat16], (hq, hkv, d, name, rel_err(g, w))
