@@ -74,6 +74,31 @@ def test_profiled_model_interpolates_bilinearly():
         model.predict([100], 9)
 
 
+@pytest.mark.parametrize("kind", ["analytic", "profiled", "profiled_one_budget"])
+def test_predict_per_budget_is_predict_batch_at_each_budget(kind):
+    rng = np.random.default_rng()
+    if kind == "analytic":
+        model, budgets_K = latency.AnalyticLatencyModel(SHAPE), np.arange(1, 12)
+    elif kind == "profiled":
+        model, budgets_K = latency.ProfiledLatencyModel(_table(rng)), np.arange(1, 9)
+    else:
+        one = latency.LatencyTable(device_kind="cpu", shape=SHAPE, lengths=(64, 128),
+                                   budgets=(4,), seconds_LK=((1.0,), (3.0,)),
+                                   pad_seconds_per_token=1e-3)
+        model, budgets_K = latency.ProfiledLatencyModel(one), np.array([4])
+    lengths_BD = rng.integers(0, 700, size=(6, 5))  # zeros are padding entries
+    lengths_BD[0] = 0  # an empty micro-batch
+    for padded in (None, 4096):
+        got_KB = model.predict_per_budget(lengths_BD, budgets_K, padded_tokens=padded)
+        want_KB = np.stack([model.predict_batch(lengths_BD, k, padded_tokens=padded)
+                            for k in budgets_K])
+        # Bit for bit: the tuner's decisions compare these values with each other.
+        np.testing.assert_array_equal(got_KB, want_KB)
+    if kind != "analytic":
+        with pytest.raises(ValueError, match="profiled range"):
+            model.predict_per_budget(lengths_BD, budgets_K + 1)
+
+
 def test_table_round_trip_and_missing_table_names_the_command(tmp_path):
     table = _table(np.random.default_rng())
     folder = str(tmp_path / "tables")

@@ -1,12 +1,21 @@
-"""DST tuner decisions on a synthetic latency table: anchors, bound p, coverage floor, buckets."""
+"""DST tuner decisions on a synthetic latency table: anchors, bound p, coverage floor, buckets;
+and the whole per-step decision (pricing + rule) against a per-unit, per-budget reference."""
 
+import dataclasses
 import json
 import math
+import os
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
 
-from sparsebalance_jax.balance import tuner
+from sparsebalance_jax.balance import latency, tuner
+
+H200_TABLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                          "latency_tables", "NVIDIA_H200__d896_h14_kv2_hd64_mlp4864_blk512.json")
 
 BASE = 20
 BUCKETS = (8, 16, 24, 32)
@@ -48,6 +57,26 @@ def test_straggler_barely_above_the_anchor_keeps_its_budget():
     assert budgets[1] == BASE
 
 
+def test_exact_ties_rise_onto_the_anchor_and_keep_the_larger_budget():
+    # Binary-exact latencies, base 4, mean anchor exactly 6. Unit 0 may rise onto the anchor
+    # (budget 5) but not past it; unit 1's budgets 3 and 2 lie equally far from the anchor
+    # (7 and 5): the larger wins.
+    latency_SK = np.array([[0, 1, 2, 3, 4, 6, 7, 8, 9],
+                           [0, 1, 5, 7, 8, 9, 10, 11, 12]], dtype=np.float64)
+    config = tuner.TunerConfig(anchor="mean", p=0.3, coverage_floor=0.0, buckets=(8,))
+    budgets = tuner.decide(latency_SK[:, 4], 4, None, lambda s, k: latency_SK[s, k], config)
+    np.testing.assert_array_equal(budgets, [5, 3])
+    d = tuner.Tuner(config, num_units=2).decide(4, latency_SK)
+    np.testing.assert_array_equal(d.budgets_S, [5, 3])
+    assert d.anchor_seconds == 6.0 and list(d.predicted_after_S) == [6.0, 7.0]
+    # Mean anchor 8, dead band 0.25: units exactly on the band's edges (6 and 10) stay.
+    latency_SK = np.array([[0, 1, 2, 5, 6, 6, 7, 8, 9],
+                           [0, 1, 5, 9, 10, 11, 12, 13, 14]], dtype=np.float64)
+    banded = dataclasses.replace(config, dead_band=0.25)
+    budgets = tuner.decide(latency_SK[:, 4], 4, None, lambda s, k: latency_SK[s, k], banded)
+    np.testing.assert_array_equal(budgets, [4, 4])
+
+
 def test_dead_band_keeps_units_whose_gap_is_within_the_prediction_error():
     # Units 0 / 1 stand 4% above / below the mean, units 2 / 3 stand 12% above / below.
     load = np.array([1.04, 0.96, 1.12, 0.88])
@@ -83,14 +112,14 @@ def test_raises_stay_within_the_base_budgets_bucket():
 
 def test_tuner_band_follows_its_measured_error():
     load = np.array([1.1, 0.9])
-    table, fn = _table(load)
+    table, _ = _table(load)
     t = tuner.Tuner(_config(), num_units=2, ema_decay=0.5)
-    assert np.all(t.decide(BASE, fn).budgets_S != BASE)
+    assert np.all(t.decide(BASE, table).budgets_S != BASE)
     predicted = table[:, BASE]
     t.observe(predicted, predicted)  # first: the ratio is set, no error yet
     t.observe(predicted * 1.2, predicted)  # the corrected prediction missed by 20%
     np.testing.assert_allclose(t.ema.error_S, [0.2, 0.2])
-    assert np.all(t.decide(BASE, fn).budgets_S == BASE)
+    assert np.all(t.decide(BASE, table).budgets_S == BASE)
 
 
 @pytest.mark.parametrize("anchor", ["min", "max"])
@@ -171,19 +200,20 @@ def test_disabled_returns_base_and_config_validates():
 
 def test_tuner_uses_ema_correction_and_state_round_trips():
     load = np.array([1.0, 1.0])
-    _, fn = _table(load)
+    table, _ = _table(load)
     t = tuner.Tuner(_config(), num_units=2, ema_decay=0.5, history=4)
-    first = t.decide(BASE, fn)
+    first = t.decide(BASE, table)
     assert np.all(first.budgets_S == BASE)  # equal predictions: nothing to move
     # Unit 1 measured twice as slow as predicted: after correction it is the straggler.
     t.observe(np.array([3.0, 6.0]), np.array([3.0, 3.0]))
-    second = t.decide(BASE, fn)
+    second = t.decide(BASE, table)
     assert second.budgets_S[1] < BASE < second.budgets_S[0]
     assert second.bucket == tuner.bucket_for(second.budgets_S, BUCKETS)
     assert second.host_seconds > 0
     restored = tuner.Tuner(_config(), num_units=2, ema_decay=0.5, history=4)
     restored.load_state_dict(json.loads(json.dumps(t.state_dict())))
-    np.testing.assert_array_equal(restored.decide(BASE, fn).budgets_S, t.decide(BASE, fn).budgets_S)
+    np.testing.assert_array_equal(restored.decide(BASE, table).budgets_S,
+                                  t.decide(BASE, table).budgets_S)
     assert restored.step == t.step
 
 
@@ -220,3 +250,114 @@ def test_shard_latency_table_sums_micro_batches():
             want = sum(model.predict(doc_lengths_SMD[s, m], k, padded_tokens=1024)
                        for m in range(2))
             assert seconds_SK[s, k] == pytest.approx(want, rel=1e-12)
+
+
+def _reference_seconds_SK(model, doc_lengths_SMD, lo, hi, k_max, padded_tokens):
+    """Unit s at budget k, one (unit, budget) at a time: its micro-batches' `predict_batch`,
+    summed; NaN outside [lo, hi] (the layout of `shard_latency_table`)."""
+    seconds_SK = np.full((len(doc_lengths_SMD), k_max + 1), np.nan)
+    for s, lengths_MD in enumerate(doc_lengths_SMD):
+        for k in range(lo, hi + 1):
+            seconds_SK[s, k] = np.sum(model.predict_batch(lengths_MD, k,
+                                                          padded_tokens=padded_tokens))
+    return seconds_SK
+
+
+def _reference_budgets(seconds_SK, ratio_S, error_S, coverage_SK, base, config):
+    """The module docstring's rule written out per unit and per candidate budget."""
+    def corrected(s, k):
+        return seconds_SK[s, k] * ratio_S[s]
+
+    target = {"mean": np.mean, "min": np.min, "max": np.max}[config.anchor](
+        np.array([corrected(s, base) for s in range(len(seconds_SK))]))
+    step = math.ceil(config.p * base - 1e-9)
+    lo, hi = max(1, base - step), min(config.k_max, base + step)
+    if config.raise_within_bucket:
+        hi = min(hi, min(b for b in config.buckets if b >= base))
+    budgets = []
+    for s in range(len(seconds_SK)):
+        band = max(config.dead_band, error_S[s])
+        chosen = base
+        if corrected(s, base) > target * (1 + band):
+            # Scanned from the base down to the first budget at or below the anchor; the
+            # closest to the anchor wins, the larger budget on ties.
+            scanned = [base]
+            for k in range(base - 1, lo - 1, -1):
+                scanned.append(k)
+                if corrected(s, k) <= target:
+                    break
+            chosen = min(scanned, key=lambda k: (abs(corrected(s, k) - target), -k))
+        elif corrected(s, base) < target * (1 - band):
+            # The largest budget up to which every raise stays within the band below the anchor.
+            chosen = max(k for k in range(base, hi + 1)
+                         if all(corrected(s, j) <= target * (1 - band)
+                                for j in range(base + 1, k + 1)))
+        if chosen < base and coverage_SK is not None:
+            floor = config.coverage_floor
+            meets = [k for k in range(lo, base + 1) if coverage_SK[s, k - 1] >= floor]
+            chosen = max(chosen, min(meets, default=base))
+        budgets.append(chosen)
+    return np.array(budgets), target
+
+
+@st.composite
+def _step(draw):
+    """A step's per-unit documents, tuner settings, EMA state and coverage."""
+    S, M, D = draw(st.integers(1, 8)), draw(st.integers(1, 3)), draw(st.integers(1, 6))
+    doc_lengths_SMD = draw(hnp.arrays(np.int64, (S, M, D), elements=st.integers(0, 40_000)))
+    doc_lengths_SMD[..., 0] = np.maximum(doc_lengths_SMD[..., 0], 1)  # no empty micro-batch
+    slack = draw(st.none() | st.integers(0, 4096))
+    padded = None if slack is None else int(doc_lengths_SMD.sum(-1).max()) + slack
+    buckets = draw(st.sampled_from([(16, 24), (8, 16, 24), (4, 6), (24,)]))
+    config = tuner.TunerConfig(
+        anchor=draw(st.sampled_from(tuner.ANCHORS)), p=draw(st.floats(0.1, 0.3)),
+        coverage_floor=draw(st.floats(0.0, 1.0)), buckets=buckets,
+        dead_band=draw(st.floats(0.0, 0.1)), raise_within_bucket=draw(st.booleans()))
+    base = draw(st.integers(1, buckets[-1]))
+    ratio_S = draw(hnp.arrays(np.float64, S, elements=st.floats(0.5, 2.0)))
+    error_S = draw(hnp.arrays(np.float64, S, elements=st.floats(0.0, 0.2)))
+    coverage_SK = draw(st.none() | hnp.arrays(np.float64, (S, buckets[-1]),
+                                              elements=st.floats(0.0, 1.0)))
+    if coverage_SK is not None:
+        coverage_SK = np.sort(coverage_SK, axis=1)  # coverage rises with the budget
+    return doc_lengths_SMD, padded, config, base, ratio_S, error_S, coverage_SK
+
+
+_MODELS = {
+    "analytic": latency.AnalyticLatencyModel(
+        latency.LayerShape(d_model=896, num_heads=14, num_kv_heads=2, head_dim=64, mlp_dim=4864,
+                           block_size=512)),
+    "profiled_h200": latency.ProfiledLatencyModel.load(
+        os.path.dirname(H200_TABLE), "NVIDIA H200",
+        latency.LayerShape(d_model=896, num_heads=14, num_kv_heads=2, head_dim=64, mlp_dim=4864,
+                           block_size=512)),
+}
+
+
+@pytest.mark.parametrize("model_name", list(_MODELS))
+@settings(max_examples=150, deadline=None)
+@given(step=_step())
+def test_step_decision_matches_the_per_unit_per_budget_reference(model_name, step):
+    # The tuner prices every candidate budget in one vectorised pass and scans with Python
+    # floats; neither may change a prediction's bits or a decision.
+    doc_lengths_SMD, padded, config, base, ratio_S, error_S, coverage_SK = step
+    model = _MODELS[model_name]
+    lo, hi = tuner.budget_bounds(base, config.p, config.k_max)
+    seconds_SK = tuner.shard_latency_table(doc_lengths_SMD, model, config.k_max, padded,
+                                           budget_range=(lo, hi))
+    want_SK = _reference_seconds_SK(model, doc_lengths_SMD, lo, hi, config.k_max, padded)
+    np.testing.assert_array_equal(seconds_SK, want_SK)
+
+    t = tuner.Tuner(config, len(doc_lengths_SMD))
+    t.ema.load_state_dict({"ratio_S": ratio_S.tolist(), "error_S": error_S.tolist(),
+                           "count_S": [2] * len(ratio_S)})
+    d = t.decide(base, seconds_SK, coverage_SK)
+    want_S, anchor = _reference_budgets(want_SK, ratio_S, error_S, coverage_SK, base, config)
+    np.testing.assert_array_equal(d.budgets_S, want_S)
+    assert d.bucket == tuner.bucket_for(want_S, config.buckets)
+    assert d.anchor_seconds == anchor
+    units = range(len(want_S))
+    np.testing.assert_array_equal(d.predicted_before_S,
+                                  [want_SK[s, base] * ratio_S[s] for s in units])
+    np.testing.assert_array_equal(d.predicted_after_S,
+                                  [want_SK[s, want_S[s]] * ratio_S[s] for s in units])

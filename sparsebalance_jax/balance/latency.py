@@ -96,7 +96,9 @@ class LatencyModel(abc.ABC):
 
     @abc.abstractmethod
     def doc_seconds(self, lengths_N: np.ndarray, budget: np.ndarray | int) -> np.ndarray:
-        """Seconds of each document alone at its budget (scalar or [N]) -> float64 [N]."""
+        """Seconds of each document alone at its budget -> float64; the budget broadcasts
+        against the lengths (scalar or [N] -> [N]; [K, 1] -> [K, N], every document at each of
+        K budgets)."""
 
     def predict(self, doc_lengths: np.ndarray, budget: int, *,
                 padded_tokens: int | None = None) -> float:
@@ -121,14 +123,34 @@ class LatencyModel(abc.ABC):
         present = lengths_BD > 0
         seconds_BD = np.zeros(lengths_BD.shape, dtype=np.float64)
         seconds_BD[present] = self.doc_seconds(lengths_BD[present], budget_BD[present])
-        seconds_B = seconds_BD.sum(axis=-1)
-        if padded_tokens is not None:
-            pad_B = padded_tokens - lengths_BD.sum(axis=-1)
-            if np.any(pad_B < 0):
-                raise ValueError(f"a micro-batch holds {int(lengths_BD.sum(axis=-1).max())} "
-                                 f"tokens, more than padded_tokens={padded_tokens}")
-            seconds_B += pad_B * self.pad_seconds_per_token
-        return seconds_B
+        return seconds_BD.sum(axis=-1) + self._padding_seconds(lengths_BD, padded_tokens)
+
+    def predict_per_budget(self, doc_lengths_BD: np.ndarray, budgets_K: np.ndarray, *,
+                           padded_tokens: int | None = None) -> np.ndarray:
+        """`predict_batch` of every micro-batch at each of K budgets -> float64 [K, B].
+
+        The tuner prices every candidate budget each step: pricing the documents once against
+        all K budgets (`doc_seconds` broadcasting) skips the K-fold copy of the lengths and
+        their table lookups. Same values as `predict_batch`, bit for bit: the same elementwise
+        operations, and the same [.., D] rows summed.
+        """
+        lengths_BD = np.asarray(doc_lengths_BD, dtype=np.int64)
+        budgets_K1 = np.asarray(budgets_K, dtype=np.int64)[:, None]
+        present_BD = lengths_BD > 0
+        seconds_KBD = np.zeros((len(budgets_K1),) + lengths_BD.shape, dtype=np.float64)
+        seconds_KBD[:, present_BD] = self.doc_seconds(lengths_BD[present_BD], budgets_K1)
+        return seconds_KBD.sum(axis=-1) + self._padding_seconds(lengths_BD, padded_tokens)
+
+    def _padding_seconds(self, lengths_BD: np.ndarray,
+                         padded_tokens: int | None) -> np.ndarray | float:
+        """The dense layers' time over each micro-batch's padding [B] (0 without padded_tokens)."""
+        if padded_tokens is None:
+            return 0.0
+        pad_B = padded_tokens - lengths_BD.sum(axis=-1)
+        if np.any(pad_B < 0):
+            raise ValueError(f"a micro-batch holds {int(lengths_BD.sum(axis=-1).max())} "
+                             f"tokens, more than padded_tokens={padded_tokens}")
+        return pad_B * self.pad_seconds_per_token
 
 
 class AnalyticLatencyModel(LatencyModel):
@@ -235,7 +257,8 @@ def load_table(table_dir: str, device_kind: str, shape: LayerShape) -> LatencyTa
 
 def _bracket(grid: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Left index and weight of x in a sorted grid; beyond the ends, the end segment extends."""
-    i = np.clip(np.searchsorted(grid, x, side="right") - 1, 0, len(grid) - 2)
+    # Searching the interior points gives the segment index already clamped to [0, len - 2].
+    i = np.searchsorted(grid[1:-1], x, side="right")
     w = (x - grid[i]) / (grid[i + 1] - grid[i])
     return i, w
 
@@ -264,19 +287,23 @@ class ProfiledLatencyModel(LatencyModel):
 
     def doc_seconds(self, lengths_N, budget):
         lengths_N = np.asarray(lengths_N, dtype=np.float64)
-        budget_N = np.broadcast_to(np.asarray(budget, dtype=np.float64), lengths_N.shape)
+        budget = np.asarray(budget, dtype=np.float64)
         lo, hi = self.table.budgets[0], self.table.budgets[-1]
-        if budget_N.size and (budget_N.min() < lo or budget_N.max() > hi):
+        if budget.size and lengths_N.size and (budget.min() < lo or budget.max() > hi):
             raise ValueError(f"budget outside the profiled range [{lo}, {hi}]; re-profile with "
                              f"the budgets you use (`{PROFILE_COMMAND}`)")
+        # Lengths and budgets are bracketed apart and meet in the bilinear formula, which
+        # broadcasts: K budgets x N documents cost K + N lookups, not K * N.
         li, lw = _bracket(self._lengths, lengths_N)
         if len(self._budgets) == 1:
             column = self._seconds_LK[:, 0]
-            return column[li] * (1 - lw) + column[li + 1] * lw
-        ki, kw = _bracket(self._budgets, budget_N)
+            return np.broadcast_to(column[li] * (1 - lw) + column[li + 1] * lw,
+                                   np.broadcast_shapes(lengths_N.shape, budget.shape))
+        ki, kw = _bracket(self._budgets, budget)
         s = self._seconds_LK
-        low = s[li, ki] * (1 - kw) + s[li, ki + 1] * kw
-        high = s[li + 1, ki] * (1 - kw) + s[li + 1, ki + 1] * kw
+        li_next, ki_next, kw_rest = li + 1, ki + 1, 1 - kw
+        low = s[li, ki] * kw_rest + s[li, ki_next] * kw
+        high = s[li_next, ki] * kw_rest + s[li_next, ki_next] * kw
         return low * (1 - lw) + high * lw
 
 

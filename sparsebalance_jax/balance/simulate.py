@@ -219,8 +219,7 @@ def run_method(method: Method, step_batches: list[dict[str, np.ndarray]], setup:
         seconds_SK = shard_latency_table(
             batch["doc_lengths"], cost_model, config.k_max, padded_tokens=padded,
             budget_range=budget_bounds(setup.base_budget, config.p, config.k_max))
-        decision = tuner.decide(setup.base_budget, lambda s, k: seconds_SK[s, k],
-                                coverage=coverage)
+        decision = tuner.decide(setup.base_budget, seconds_SK, coverage=coverage)
         host_seconds = time.perf_counter() - start - coverage_seconds if method.dst else 0.0
         coverage_S = np.array([coverage(s, int(k)) for s, k in enumerate(decision.budgets_S)])
 

@@ -115,13 +115,10 @@ def shard_latency_table(doc_lengths_SMD: np.ndarray, cost_model: LatencyModel,
     lo, hi = budget_range or (1, k_max)
     if not 1 <= lo <= hi <= k_max:
         raise ValueError(f"budget_range ({lo}, {hi}) outside [1, k_max={k_max}]")
-    n = hi - lo + 1
-    lengths_KBD = np.broadcast_to(np.asarray(doc_lengths_SMD).reshape(1, S * M, D), (n, S * M, D))
-    budget_KB = np.broadcast_to(np.arange(lo, hi + 1)[:, None], (n, S * M))
-    seconds_KB = cost_model.predict_batch(lengths_KBD.reshape(n * S * M, D),
-                                          budget_KB.reshape(-1), padded_tokens=padded_tokens)
+    seconds_KB = cost_model.predict_per_budget(np.reshape(doc_lengths_SMD, (S * M, D)),
+                                               np.arange(lo, hi + 1), padded_tokens=padded_tokens)
     seconds_SK = np.full((S, k_max + 1), np.nan)
-    seconds_SK[:, lo:hi + 1] = seconds_KB.reshape(n, S, M).sum(axis=2).T
+    seconds_SK[:, lo:hi + 1] = seconds_KB.reshape(-1, S, M).sum(axis=2).T
     return seconds_SK
 
 
@@ -155,33 +152,36 @@ def decide(predicted_S: np.ndarray, base_budget: int, coverage: np.ndarray | Cov
     """Per-unit budgets int32 [N]; see the module docstring for the rule. `error_S` is each
     unit's measured relative prediction error (rule 4; none: only config.dead_band)."""
     predicted_S = np.asarray(predicted_S, dtype=np.float64)
+    if not 1 <= base_budget <= config.k_max:
+        raise ValueError(f"base_budget={base_budget} outside [1, k_max={config.k_max}]")
+    if not config.enabled:
+        return np.full(predicted_S.shape, base_budget, dtype=np.int32)
     band_S = np.full(predicted_S.shape, config.dead_band)
     if error_S is not None:
         band_S = np.maximum(band_S, np.asarray(error_S, dtype=np.float64))
-    if not 1 <= base_budget <= config.k_max:
-        raise ValueError(f"base_budget={base_budget} outside [1, k_max={config.k_max}]")
-    budgets_S = np.full(predicted_S.shape, base_budget, dtype=np.int32)
-    if not config.enabled:
-        return budgets_S
     coverage_fn = _as_coverage_fn(coverage)
     lo, hi = budget_bounds(base_budget, config.p, config.k_max)
     if config.raise_within_bucket:
         hi = min(hi, bucket_for(np.array([base_budget]), config.buckets))
     target = anchor_latency(predicted_S, config.anchor)
-    for s, latency in enumerate(predicted_S):
-        if latency > target * (1.0 + band_S[s]):
+    budgets = []
+    # Python floats, not numpy scalars: the per-unit scan is a few dozen scalar comparisons,
+    # which numpy scalars make several times slower (the decision runs every step).
+    for s, (latency, band) in enumerate(zip(predicted_S.tolist(), band_S.tolist())):
+        if latency > target * (1.0 + band):
             # Scan down from the base; the first minimum wins, so ties keep the larger budget.
             chosen, gap = base_budget, latency - target
             for k in range(base_budget - 1, lo - 1, -1):
-                k_gap = abs(latency_fn(s, k) - target)
+                k_latency = latency_fn(s, k)
+                k_gap = abs(k_latency - target)
                 if k_gap < gap:
                     chosen, gap = k, k_gap
-                if latency_fn(s, k) <= target:
+                if k_latency <= target:
                     break  # lower budgets only move further below the anchor
-        elif latency < target * (1.0 - band_S[s]):
+        elif latency < target * (1.0 - band):
             chosen = base_budget
             for k in range(base_budget + 1, hi + 1):
-                if latency_fn(s, k) > target * (1.0 - band_S[s]):
+                if latency_fn(s, k) > target * (1.0 - band):
                     break
                 chosen = k
         else:
@@ -189,8 +189,8 @@ def decide(predicted_S: np.ndarray, base_budget: int, coverage: np.ndarray | Cov
         if chosen < base_budget:
             chosen = max(chosen, _floor_budget(coverage_fn, s, config.coverage_floor, lo,
                                                base_budget))
-        budgets_S[s] = chosen
-    return budgets_S
+        budgets.append(chosen)
+    return np.array(budgets, dtype=np.int32)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -215,19 +215,17 @@ class Tuner:
         self.history_budgets_HS = np.zeros((history, num_units), dtype=np.int32)
         self.history_imbalance_H2 = np.zeros((history, 2), dtype=np.float64)  # before, after
 
-    def decide(self, base_budget: int, latency_fn: LatencyFn,
+    def decide(self, base_budget: int, seconds_SK: np.ndarray,
                coverage: np.ndarray | CoverageFn | None = None) -> Decision:
-        """latency_fn(unit, budget) is the uncorrected model prediction for that unit."""
+        """seconds_SK float [N, >= k_max + 1]: each unit's uncorrected model prediction at every
+        budget k in column k (`shard_latency_table`; only budgets within the bounds are read)."""
         start = time.perf_counter()
-        ratio_S = self.ema.ratio_S
-
-        def corrected(unit: int, budget: int) -> float:
-            return latency_fn(unit, budget) * ratio_S[unit]
-
-        before_S = np.array([corrected(s, base_budget) for s in range(self.num_units)])
-        budgets_S = decide(before_S, base_budget, coverage, corrected, self.config,
-                           error_S=self.ema.error_S)
-        after_S = np.array([corrected(s, int(k)) for s, k in enumerate(budgets_S)])
+        corrected_SK = np.asarray(seconds_SK, dtype=np.float64) * self.ema.ratio_S[:, None]
+        before_S = corrected_SK[:, base_budget]
+        corrected_rows = corrected_SK.tolist()  # cheap scalar look-ups for the rule's scan
+        budgets_S = decide(before_S, base_budget, coverage, lambda s, k: corrected_rows[s][k],
+                           self.config, error_S=self.ema.error_S)
+        after_S = corrected_SK[np.arange(self.num_units), budgets_S]
         bucket = bucket_for(budgets_S, self.config.buckets)
         row = self.step % len(self.history_budgets_HS)
         self.history_budgets_HS[row] = budgets_S

@@ -109,7 +109,7 @@ class DstBalancer:
                     np.asarray(self._coverage_fn(step_batch, params, budget)))
             return float(coverage_at[budget][unit])
 
-        d = self._tuner.decide(self._base, lambda s, k: float(seconds_SK[s, k]), coverage)
+        d = self._tuner.decide(self._base, seconds_SK, coverage)
         cov_S = coverage_at.get(self._base)
         local_S = d.budgets_S[self._first_shard:self._first_shard + len(step_batch["budgets"])]
         budgets_SMR = np.broadcast_to(local_S[:, None, None],
