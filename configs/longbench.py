@@ -113,10 +113,10 @@ def get_config(preset: str = "auto") -> ml_collections.ConfigDict:
     b.raise_within_bucket = True
     # Time each data shard's compute every step (a two-program step: local gradients, then the
     # all-reduce and update; training/step.py), log it and feed it to the tuner's EMA. Needs
-    # mesh.fsdp = mesh.tensor = 1 and one process. Off by default: a shard's time is read from
-    # dispatch to its device's completion, and on two H200s the second GPU read ~13 ms (18%)
-    # later at every budget (BENCHMARKS.md), a lag DST then mistakes for work.
-    # On CPU the host devices finish together, so the times say nothing there.
+    # mesh.fsdp = mesh.tensor = 1 and one process. On GPUs each device's own clock times its
+    # shard (on two H200s equal shards read within 0.3%); on CPU the completion as the host
+    # sees it, where host devices finish together and the times say nothing. Off by default:
+    # the split step gives up overlapping the all-reduce with the backward pass.
     b.shard_timing = False
 
     c.train = t = ml_collections.ConfigDict()

@@ -130,7 +130,51 @@ def test_gpu_shard_times_follow_each_shards_own_work():
             times.append(seconds)
         return np.median(np.array(times[1:]), axis=0)
 
+    assert step.device_clock
     ragged = median_seconds([24, 1])
     even = median_seconds([12, 12])
+    print(f"budgets 24 / 1: shard ms {1e3 * ragged}; 12 / 12: {1e3 * even}")
     assert ragged[0] > 1.3 * ragged[1], ragged
     assert 0.85 < even[0] / even[1] < 1.15, even
+
+
+@pytest.mark.gpu
+def test_gpu_equal_shards_read_equal_on_the_study_model():
+    """The accuracy-study model (8 layers, 2 x 2 rows of 8K per shard) at one budget: timed from
+    the host's dispatch, the second GPU read ~13 ms (~20%) later at every step; the device
+    clock must read the two shards within 10% of each other."""
+    if jax.device_count() < 2:
+        pytest.skip("needs 2 GPUs (data-parallel shards on separate devices)")
+    from configs.accuracy_study import get_config as study_config
+    cfg = from_config_dict(study_config("moba,gpu"))
+    mesh = make_mesh(cfg.mesh, jax.devices()[:2])
+    model = Transformer(cfg.model, cfg.attention, cfg.k_max)
+    state, shardings = create_train_state(cfg, mesh, model, jax.random.key(0))
+    step = ShardTimedStep(cfg.model, cfg.attention, mesh, shardings, cfg.attention.budget_buckets)
+    rng = np.random.default_rng()
+    shape = (2, cfg.data.micro_batches, cfg.data.rows_per_micro_batch, cfg.data.seq_len)
+    tokens = rng.integers(0, 256, shape).astype(np.int32)
+    batch = jax.device_put(dict(
+        inputs=tokens, targets=np.roll(tokens, -1, axis=-1), loss_mask=np.ones(shape, np.float32),
+        segment_ids=np.ones(shape, np.int32),
+        positions=np.broadcast_to(np.arange(shape[-1], dtype=np.int32), shape),
+        budgets=np.full(shape[:3], cfg.attention.budget, np.int32)), shard_batch_shardings(mesh))
+    times = []
+    for _ in range(10):
+        state, _, seconds = step(cfg.k_max, state, batch)
+        if seconds is not None:
+            times.append(seconds)
+    median = np.median(np.array(times[1:]), axis=0)
+    print(f"study model, equal budgets: device-clock shard ms {1e3 * median}")
+    assert 0.9 < median[1] / median[0] < 1.1, median
+
+
+def test_device_clock_is_gpu_only_and_wraps():
+    from pallas_kernels import device_clock
+    if jax.default_backend() != "gpu":
+        with pytest.raises(ValueError, match="needs a GPU"):
+            device_clock.read_clock(np.zeros(3, np.int32))
+    # A reading pair across the counter's 2^32 ns wrap: -5 is 2^32 - 5 ns.
+    start = np.full((2, 16), -5, np.int32)
+    end = np.array([[1000] * 16, [7] * 16], np.int32)
+    np.testing.assert_allclose(device_clock.elapsed_seconds(start, end), [1005e-9, 12e-9])

@@ -8,12 +8,18 @@ The shard-timed step (`ShardTimedStep`) is the same update in two programs, so t
 shard's own compute can be timed: under one SPMD program every device waits at the gradient
 all-reduce, and the step's time is the slowest shard's for all of them. Program 1 runs inside
 `shard_map` over the data axis and has no collective: each device computes its shard's summed
-loss, token count and gradients from its own rows (pipeline layout `[S, M, R, T]`), and a
-thread per device records when that device's outputs are ready, counted from the dispatch.
-That includes whatever delays a device's start: on two H200s with a 30M-parameter model the
-second GPU read ~13 ms later at every budget, also at half the budget, so not attention work
-(most likely the program being launched on the devices in turn; not separated from a slower
-device; BENCHMARKS.md). Program 2 sums the shards' gradients (the
+loss, token count and gradients from its own rows (pipeline layout `[S, M, R, T]`). How a
+shard's time is read:
+
+* GPU: the device's own clock (`pallas_kernels/device_clock.py`), read at the start of the
+  shard's program (before anything that uses the batch or the parameters, through an
+  optimization barrier) and at its end (after every output). Timing from the host's dispatch
+  instead read the second of two H200s ~13 ms late at every budget (BENCHMARKS.md): that
+  counts when the program reached each device, not the device's work.
+* Other backends (CPU tests): a thread per device records when that device's outputs are
+  ready, counted from the dispatch.
+
+Program 2 sums the shards' gradients (the
 all-reduce) and applies the update. It needs a data-only mesh (fsdp = tensor = 1): with
 parameters or heads split, a shard's work is not one device's. The cost: the all-reduce no
 longer overlaps the last backward layers, and one un-reduced gradient per device is held
@@ -32,8 +38,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from pallas_kernels import device_clock
 from sparsebalance_jax.balance.compile_cache import CompileCache
 from sparsebalance_jax.model import Transformer, token_losses
 from sparsebalance_jax.sharding import BATCH_AXES, LOGICAL_RULES
@@ -128,6 +136,16 @@ def _per_shard_grads(params, batch_1MRT, *, model: Transformer):
     return loss[None], count[None], jax.tree.map(lambda g: g[None], grads)
 
 
+def _clocked_shard_grads(params, batch_1MRT, *, model: Transformer):
+    """_per_shard_grads plus the device clock read before and after it: [1, 2, 16]."""
+    start = device_clock.read_clock(batch_1MRT["inputs"])
+    start, params, batch_1MRT = lax.optimization_barrier((start, params, batch_1MRT))
+    loss, count, grads = _per_shard_grads(params, batch_1MRT, model=model)
+    loss, count, grads, start = lax.optimization_barrier((loss, count, grads, start))
+    end = device_clock.read_clock(start)
+    return loss, count, grads, jnp.stack([start, end])[None]
+
+
 def _ready_seconds(arrays_S: list[jax.Array], start: float) -> list[float]:
     """Seconds from `start` until each device's piece of the outputs is ready, one waiting
     thread per device, so one device's wait never delays another's reading."""
@@ -160,10 +178,12 @@ class ShardTimedStep:
         if mesh.shape["fsdp"] * mesh.shape["tensor"] != 1:
             raise ValueError(f"per-shard timing needs a data-only mesh, got {dict(mesh.shape)}")
         self._mesh = mesh
+        self.device_clock = jax.default_backend() == "gpu"
+        shard_fn = _clocked_shard_grads if self.device_clock else _per_shard_grads
 
         def local(params, batch, *, k_max: int):
             model = Transformer(model_cfg, attention_cfg, k_max)
-            return jax.shard_map(functools.partial(_per_shard_grads, model=model), mesh=mesh,
+            return jax.shard_map(functools.partial(shard_fn, model=model), mesh=mesh,
                                  in_specs=(P(), P(BATCH_AXES)), out_specs=P(BATCH_AXES),
                                  check_vma=False)(params, batch)
 
@@ -190,12 +210,19 @@ class ShardTimedStep:
             compiles = self.local.compiles
             local = self.local.compiled(bucket, state.params, batch)  # compiling is not timed
             start = time.perf_counter()
-            loss_S, count_S, grads_S = local(state.params, batch)
-            shard_seconds = _ready_seconds([loss_S, count_S, *jax.tree.leaves(grads_S)], start)
+            if self.device_clock:
+                loss_S, count_S, grads_S, clock_S2L = local(state.params, batch)
+            else:
+                loss_S, count_S, grads_S = local(state.params, batch)
+                host_seconds = _ready_seconds([loss_S, count_S, *jax.tree.leaves(grads_S)],
+                                              start)
             state, metrics = self._update(state, loss_S, count_S, grads_S)
         if self.local.compiles > compiles:
             return state, metrics, None
-        return state, metrics, np.asarray(shard_seconds)
+        if self.device_clock:
+            clock_S2L = np.asarray(clock_S2L)
+            return state, metrics, device_clock.elapsed_seconds(clock_S2L[:, 0], clock_S2L[:, 1])
+        return state, metrics, np.asarray(host_seconds)
 
 
 def to_step_layout(step_batch: dict) -> dict:

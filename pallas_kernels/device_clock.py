@@ -1,0 +1,50 @@
+"""A GPU's own nanosecond clock, read inside a jitted program (Pallas Triton, inline PTX).
+
+`read_clock(dep)` returns the low 32 bits of the GPU's `%globaltimer` (nanoseconds, one clock
+for every SM of the device) once `dep` is computed. Placed at the start and the end of a
+program with data dependencies (see `training/step.py`), two readings give the time the device
+itself spent on the program, free of when the host got round to launching it on that device.
+The counter wraps every 2^32 ns (4.3 s): `elapsed_seconds` takes the difference modulo 2^32,
+so a reading pair is meaningful for programs shorter than that.
+
+GPU only: inline PTX has no interpreter, so any other backend is an error.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+_LANES = 16  # smallest block the Triton lowering handles comfortably
+
+
+def _clock_kernel(dep_ref, out_ref):
+  (now,) = plgpu.elementwise_inline_asm(
+      "mov.u32 $0, %globaltimer_lo;", args=[dep_ref[...]], constraints="=r,r", pack=1,
+      result_shape_dtypes=[jax.ShapeDtypeStruct(dep_ref.shape, jnp.int32)])
+  out_ref[...] = now
+
+
+def read_clock(dep: jax.Array) -> jax.Array:
+  """int32 [16]: the device clock's low 32 bits, read after `dep` (any array) is ready."""
+  if jax.default_backend() != "gpu":
+    raise ValueError(f"read_clock needs a GPU (inline PTX), the backend is "
+                     f"{jax.default_backend()!r}")
+  lanes = jnp.zeros((_LANES,), jnp.int32) + dep.reshape(-1)[0].astype(jnp.int32)
+  return pl.pallas_call(
+      _clock_kernel,
+      out_shape=jax.ShapeDtypeStruct((_LANES,), jnp.int32),
+      compiler_params=plgpu.CompilerParams(num_warps=1, num_stages=1),
+      name="device_clock",
+  )(lanes)
+
+
+def elapsed_seconds(start_N: np.ndarray, end_N: np.ndarray) -> np.ndarray:
+  """Seconds between two readings ([..., 16] int32 clocks -> [...]; lane 0 of each), modulo
+  the counter's 2^32 ns wrap."""
+  start = np.asarray(start_N)[..., 0].astype(np.uint32).astype(np.int64)
+  end = np.asarray(end_N)[..., 0].astype(np.uint32).astype(np.int64)
+  return ((end - start) % (1 << 32)) / 1e9
