@@ -16,7 +16,8 @@ see the same documents; SAB only groups them differently within its window). Two
 (mesh data=2) so that DST has shards to balance: on GPU the study runs on two GPUs.
 
 GPU shape: 8 layers, d 512, 8/2 heads x 64, SwiGLU 2048 (~30M parameters), 8K-token rows,
-MoBA block 256 and base budget 4 (each query reads at most 1K of up to 8K keys), documents
+MoBA block 256, base budget 4 (each query reads at most 1K of up to 8K keys; DST moves a
+shard between 3 and 5), the SparseBalance arm timing each GPU's shard, documents
 from the LongAlign-like long tail scaled into 0.3-8K tokens, half text and half synthetic
 tasks (all five of them). Seeds: `--config.train.seed` and `--config.data.seed` together.
 """
@@ -43,7 +44,10 @@ def get_config(arg: str = "moba"):
     if gpu:
         a.block_size = 256
     a.budget = 4 if gpu else 3
-    a.budget_buckets = (4, 8)
+    # The base budget's bucket (5) leaves room above it: DST raises light shards only within
+    # it (balance.raise_within_bucket), so with (4, 8) no shard could ever rise. Every MoBA arm
+    # runs the same k_max program; a budget, not k_max, decides what a token attends to.
+    a.budget_buckets = (5, 8)
 
     d = c.data
     d.text_weight = 0.5
@@ -60,6 +64,9 @@ def get_config(arg: str = "moba"):
 
     c.mesh.data = 2
     c.balance.dst = method == "sparsebalance"
+    # Measured per-shard times (each GPU's clock) feed DST's EMA: after SAB the predicted
+    # imbalance of two shards sits inside the dead band, so predictions alone move nothing.
+    c.balance.shard_timing = gpu and method == "sparsebalance"
 
     o = c.optimizer
     if gpu:

@@ -7,6 +7,7 @@ import os
 import pytest
 
 from configs import accuracy_study
+from sparsebalance_jax.balance.tuner import budget_bounds
 from sparsebalance_jax.config import from_config_dict
 from sparsebalance_jax.eval import study
 
@@ -23,13 +24,17 @@ def test_arms_differ_only_in_attention_and_balancing(preset):
     for m, raw in raws.items():
         other = dict(raw)
         for section, keys in (("attention", ["implementation"]), ("data", ["batcher"]),
-                              ("balance", ["dst"]), ("train", ["workdir"])):
+                              ("balance", ["dst", "shard_timing"]), ("train", ["workdir"])):
             other[section] = {k: v for k, v in raw[section].items() if k not in keys}
         base = dict(raws["moba"])
         for section in ("attention", "data", "balance", "train"):
             base[section] = {k: v for k, v in base[section].items() if k in other[section]}
         assert other == base, m
     assert cfgs["moba"].num_data_shards == 2  # DST needs shards to balance
+    assert cfgs["sparsebalance"].balance.shard_timing == (preset == "gpu")
+    sb = cfgs["sparsebalance"]
+    lo, hi = budget_bounds(sb.attention.budget, sb.balance.p, sb.k_max)
+    assert lo < sb.attention.budget < hi  # DST can lower stragglers and raise light shards
 
 
 def test_unknown_method_is_named():
