@@ -256,58 +256,64 @@ def _full_spec(shape):
   return pl.BlockSpec((None, *shape), lambda b, g, c: (b,) + (0,) * len(shape))
 
 
+def _chunk_program(kernel, layout, token_arrays, k_BTKD, v_BTKD, segment_ids_BT, *, block_rows,
+                   out_specs, out_shape, num_warps, num_stages, interpret, name):
+  """One program per (row, KV group, chunk of block_rows sorted rows). The kernel takes the
+  chunk's block id and its rows' sources / segments / positions, then the whole per-token
+  arrays (it gathers its rows from them), K and V (it reads its block's tiles), and the key
+  segment ids, followed by its outputs."""
+  b, g, l = layout.row_src_BGL.shape
+  t, d = k_BTKD.shape[1], k_BTKD.shape[-1]
+  r = block_rows
+  kv_spec = pl.BlockSpec((None, t, None, d), lambda b_, g_, c: (b_, 0, g_, 0))
+  return pl.pallas_call(
+      kernel,
+      grid=(b, g, l // r),
+      in_specs=[_rows_spec(1), _rows_spec(r), _rows_spec(r), _rows_spec(r),
+                *(_full_spec(x.shape[1:]) for x in token_arrays), kv_spec, kv_spec,
+                _full_spec((t,))],
+      out_specs=out_specs,
+      out_shape=out_shape,
+      compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+      interpret=interpret,
+      name=name,
+  )(layout.chunk_block_BGC, layout.row_src_BGL, layout.row_seg_BGL, layout.row_pos_BGL,
+    *token_arrays, k_BTKD, v_BTKD, segment_ids_BT.astype(jnp.int32))
+
+
 def moba_forward_rows(q_BSD, layout, k_BTKD, v_BTKD, segment_ids_BT, *, block_size,
                       bs: MobaBlockSizes, interpret: bool):
   """Partial output [B, G, L, D] (q dtype) and natural-log lse [B, G, L] per sorted row.
 
   q_BSD is q reshaped to [B, T * Hq, D]; the kernel gathers each chunk's rows."""
-  b, s, d = q_BSD.shape
+  b, _, d = q_BSD.shape
   _, g, l = layout.row_src_BGL.shape
-  t = k_BTKD.shape[1]
   r = bs.block_rows
-  kv_spec = pl.BlockSpec((None, t, None, d), lambda b_, g_, c: (b_, 0, g_, 0))
   kernel = functools.partial(_fwd_kernel, sm_scale=1.0 / math.sqrt(d), block_size=block_size,
                              block_k=bs.block_k)
-  return pl.pallas_call(
-      kernel,
-      grid=(b, g, l // r),
-      in_specs=[_rows_spec(1), _rows_spec(r), _rows_spec(r), _rows_spec(r), _full_spec((s, d)),
-                kv_spec, kv_spec, _full_spec((t,))],
+  return _chunk_program(
+      kernel, layout, [q_BSD], k_BTKD, v_BTKD, segment_ids_BT, block_rows=r,
       out_specs=[_rows_spec(r, d), _rows_spec(r)],
       out_shape=[jax.ShapeDtypeStruct((b, g, l, d), q_BSD.dtype),
                  jax.ShapeDtypeStruct((b, g, l), jnp.float32)],
-      compiler_params=plgpu.CompilerParams(num_warps=bs.num_warps, num_stages=bs.num_stages),
-      interpret=interpret,
-      name="moba_fwd",
-  )(layout.chunk_block_BGC, layout.row_src_BGL, layout.row_seg_BGL, layout.row_pos_BGL, q_BSD,
-    k_BTKD, v_BTKD, segment_ids_BT.astype(jnp.int32))
+      num_warps=bs.num_warps, num_stages=bs.num_stages, interpret=interpret, name="moba_fwd")
 
 
 def moba_dq_rows(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_ids_BT, *,
                  block_size, bs: MobaBlockSizes, interpret: bool):
   """Partial dq [B, G, L, D] in q's dtype per sorted row (inputs flattened to [B, T * Hq, ...]);
   the k_b partials of a token are summed in float32 outside."""
-  b, s, d = q_BSD.shape
+  b, _, d = q_BSD.shape
   _, g, l = layout.row_src_BGL.shape
-  t = k_BTKD.shape[1]
   r = bs.block_rows
-  kv_spec = pl.BlockSpec((None, t, None, d), lambda b_, g_, c: (b_, 0, g_, 0))
   kernel = functools.partial(_dq_kernel, sm_scale=1.0 / math.sqrt(d), block_size=block_size,
                              block_k=bs.block_k)
-  return pl.pallas_call(
-      kernel,
-      grid=(b, g, l // r),
-      in_specs=[_rows_spec(1), _rows_spec(r), _rows_spec(r), _rows_spec(r), _full_spec((s, d)),
-                _full_spec((s, d)), _full_spec((s,)), _full_spec((s,)), kv_spec, kv_spec,
-                _full_spec((t,))],
-      out_specs=_rows_spec(r, d),
+  return _chunk_program(
+      kernel, layout, [q_BSD, do_BSD, lse_BS, delta_BS], k_BTKD, v_BTKD, segment_ids_BT,
+      block_rows=r, out_specs=_rows_spec(r, d),
       out_shape=jax.ShapeDtypeStruct((b, g, l, d), q_BSD.dtype),
-      compiler_params=plgpu.CompilerParams(num_warps=bs.num_warps_bwd,
-                                           num_stages=bs.num_stages_bwd),
-      interpret=interpret,
-      name="moba_dq",
-  )(layout.chunk_block_BGC, layout.row_src_BGL, layout.row_seg_BGL, layout.row_pos_BGL, q_BSD,
-    do_BSD, lse_BS, delta_BS, k_BTKD, v_BTKD, segment_ids_BT.astype(jnp.int32))
+      num_warps=bs.num_warps_bwd, num_stages=bs.num_stages_bwd, interpret=interpret,
+      name="moba_dq")
 
 
 def moba_dkv(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_ids_BT, *,
