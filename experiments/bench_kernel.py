@@ -169,7 +169,8 @@ def profile_stages(t, block, k, hq, hkv, d, variants, reps):
                                                          k_max=k, interpret=INTERPRET))
   row["fused_gate_ms"] = timeit(fused, q, k_, budget, reps=reps)
   for bs in (v.fit(block) for v in variants):
-    tag = f"r{bs.block_rows}_k{bs.block_k}_kd{bs.block_k_dkv}_w{bs.num_warps}_s{bs.num_stages}"
+    tag = (f"r{bs.block_rows}_k{bs.block_k}_kd{bs.block_k_dkv}_w{bs.num_warps}_s{bs.num_stages}"
+           f"{'_skipfull' if bs.skip_full_masks else ''}")
     lay_fn = jax.jit(lambda sel: build_kv_layout(sel, seg, num_blocks=n, group_size=gh,
                                                  block_rows=bs.block_rows))
     row[f"layout_ms_{tag}"] = timeit(lay_fn, sel, reps=reps)
@@ -195,6 +196,18 @@ def profile_stages(t, block, k, hq, hkv, d, variants, reps):
   return row
 
 
+def parse_variant(text: str) -> MobaBlockSizes:
+  """'rows,k,kdkv,warps,stages[,skip_full_masks]' -> MobaBlockSizes (same warps and stages
+  for the backward)."""
+  fields = [int(x) for x in text.split(",")]
+  if len(fields) not in (5, 6):
+    raise ValueError(f"variant {text!r}: need rows,k,kdkv,warps,stages[,skip_full_masks]")
+  r, kk, kd, w, s = fields[:5]
+  return MobaBlockSizes(block_rows=r, block_k=kk, block_k_dkv=kd, num_warps=w, num_stages=s,
+                        num_warps_bwd=w, num_stages_bwd=s,
+                        skip_full_masks=bool(fields[5]) if len(fields) == 6 else False)
+
+
 def r_squared(x, y):
   x, y = np.asarray(x, float), np.asarray(y, float)
   a, b = np.polyfit(x, y, 1)
@@ -211,7 +224,8 @@ def main():
   p.add_argument("--sweep", type=int, default=0,
                  help="k_max of the budget sweep (k = 2..k_max, one compile); 0 = none")
   p.add_argument("--variants", default="",
-                 help="extra MobaBlockSizes for the first config: 'rows,k,kdkv,warps,stages;...'")
+                 help="extra MobaBlockSizes for the first config: "
+                      "'rows,k,kdkv,warps,stages[,skip_full_masks 0/1];...'")
   p.add_argument("--profile", action="store_true",
                  help="time each stage alone at the first (S, block, k, heads) for every variant")
   p.add_argument("--forward-kernels", nargs="+", default=["triton"],
@@ -227,11 +241,7 @@ def main():
   print("device:", jax.devices()[0].device_kind, "jax", jax.__version__, flush=True)
   bs0 = MobaBlockSizes()
   rows = [] if args.skip_check else check_correctness(bs0, args.forward_kernels)
-  variants = [bs0] + [
-      MobaBlockSizes(block_rows=r, block_k=kk, block_k_dkv=kd, num_warps=w, num_stages=s,
-                     num_warps_bwd=w, num_stages_bwd=s)
-      for r, kk, kd, w, s in (tuple(int(x) for x in v.split(","))
-                              for v in args.variants.split(";") if v)]
+  variants = [bs0] + [parse_variant(v) for v in args.variants.split(";") if v]
   if args.profile:
     hq, hkv, d = HEADS[args.heads[0]]
     rows.append(profile_stages(args.seqs[0], args.blocks[0], args.ks[0], hq, hkv, d, variants,

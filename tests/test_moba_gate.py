@@ -121,3 +121,30 @@ def test_fused_gate_kernel_matches_gate(dtype, hq, hkv, k_max):
       q, k, seg, budget, block_size=block_size, k_max=k_max, interpret=True))(q, k)
   np.testing.assert_array_equal(np.asarray(got.selected_BTGK), np.asarray(want.selected_BTGK))
   np.testing.assert_array_equal(np.asarray(got.count_BTG), np.asarray(want.count_BTG))
+
+
+def test_full_chunks_attend_every_pair():
+  """chunk_full_BGC marks a chunk only where every (row, key of its block) pair is attended,
+  and marks every used chunk of one document's rows reading an earlier block of that document."""
+  rng = np.random.default_rng()
+  b, t, block_size, r = 2, 512, 32, 16
+  q, k = _inputs(rng, b=b, t=t)
+  seg = packed_segments(rng, b, t, block_size, aligned=bool(rng.integers(2)))
+  sel = moba_gate(q, k, seg, jnp.asarray([4, 3], jnp.int32), block_size=block_size, k_max=4)
+  lay = gating.build_kv_layout(sel, seg, num_blocks=t // block_size, group_size=2, block_rows=r)
+  seg_np = np.asarray(seg)
+  full = np.asarray(lay.chunk_full_BGC)
+  cb = np.asarray(lay.chunk_block_BGC)
+  for bi, gi, c in zip(*np.nonzero(cb >= 0)):
+    j = cb[bi, gi, c]
+    rseg = np.asarray(lay.row_seg_BGL)[bi, gi, c * r:(c + 1) * r]
+    rpos = np.asarray(lay.row_pos_BGL)[bi, gi, c * r:(c + 1) * r]
+    kseg = seg_np[bi, j * block_size:(j + 1) * block_size]
+    kpos = np.arange(j * block_size, (j + 1) * block_size)
+    attended = ((rseg[:, None] == kseg[None, :]) & (rseg[:, None] != 0)
+                & (kpos[None, :] <= rpos[:, None]))
+    one_doc = np.all(rseg == rseg[0]) and rseg[0] != 0 and np.all(kseg == rseg[0])
+    assert full[bi, gi, c] == (one_doc and rpos.min() // block_size > j), (bi, gi, c)
+    if full[bi, gi, c]:
+      assert attended.all()
+  assert full.sum() > 0 and (full == 0).sum() > 0

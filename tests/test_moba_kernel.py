@@ -1,6 +1,8 @@
 """MoBA Pallas kernels (interpret mode on CPU) vs the dense reference: values, gradients,
 packing, edge cases, poisoned outputs, no recompilation; GPU-marked checks for H200."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -43,16 +45,22 @@ def run_both(q, k, v, do, seg, budget, block_size, k_max, bs=SMALL, interpret=Tr
   return got, both(ref)(q, k, v)
 
 
-@pytest.mark.parametrize("dtype, hq, hkv", [(jnp.float32, 2, 2), (jnp.float32, 7, 1),
-                                            (jnp.bfloat16, 4, 2)])
-def test_values_and_gradients_match_reference(dtype, hq, hkv):
+@pytest.mark.parametrize("dtype, hq, hkv, bs", [
+    (jnp.float32, 2, 2, SMALL), (jnp.float32, 7, 1, SMALL), (jnp.bfloat16, 4, 2, SMALL),
+    (jnp.float32, 2, 1, dataclasses.replace(SMALL, skip_full_masks=True))],
+    ids=["f32-1", "f32-7", "bf16-2", "f32-2-skip_full_masks"])
+def test_values_and_gradients_match_reference(dtype, hq, hkv, bs):
   rng = np.random.default_rng()
   # Two key tiles per block: exercises the causal tile bound and the dk/dv chunk skip.
   b, t, block_size, k_max = 3, 192, 32, 3
   q, k, v, do = make_inputs(rng, b, t, hq, hkv, 16, dtype)
   seg = packed_segments(rng, b, t, block_size, aligned=bool(rng.integers(2)))
+  if bs.skip_full_masks:  # long documents: most chunks are full (test_moba_gate checks which)
+    seg = jnp.asarray([[1] * 150 + [0] * 42, [1] * 100 + [2] * 92, [3] * 192])
   budget = jnp.asarray(rng.integers(1, k_max + 1, size=b), jnp.int32)  # ragged
-  got, want = run_both(q, k, v, do, seg, budget, block_size, k_max)
+  if bs.skip_full_masks:
+    budget = jnp.asarray([3, 2, 3], jnp.int32)
+  got, want = run_both(q, k, v, do, seg, budget, block_size, k_max, bs=bs)
   for name, g, w in zip(("out", "dq", "dk", "dv"), got, want):
     assert g.dtype == w.dtype
     assert rel_err(g, w) < TOL[dtype], (name, rel_err(g, w))

@@ -63,6 +63,9 @@ class MobaKVLayout:
   entry_row_BGTK: int32 sorted row of (token, slot, head 0); heads follow
     contiguously. Meaningless where the slot is unused.
   chunk_block_BGC: int32 KV block read by each chunk of block_rows rows, -1 if unused.
+  chunk_full_BGC: int32 1 where the chunk attends every (row, key) pair of its block - no
+    padding row, one document on both sides, not a row's own block - so the kernels may
+    skip the mask there (splash attention's "full" blocks); else 0.
   block_chunks_BGN2: int32 [first chunk, one-past-last chunk] of each KV block.
   """
 
@@ -71,6 +74,7 @@ class MobaKVLayout:
   row_pos_BGL: jax.Array
   entry_row_BGTK: jax.Array
   chunk_block_BGC: jax.Array
+  chunk_full_BGC: jax.Array
   block_chunks_BGN2: jax.Array
 
 
@@ -342,6 +346,16 @@ def build_kv_layout(sel: MobaSelection, segment_ids_BT: jax.Array, *, num_blocks
   chunk_block_BGC = jnp.where(blk_BGC < n, blk_BGC, -1).astype(jnp.int32)
   block_chunks_BGN2 = jnp.stack([row_start_BGN // r, row_end_BGN // r], axis=-1).astype(jnp.int32)
   row_pos_BGL = jnp.where(has_tok_BGL, tok_BGL, t)  # padding rows sort last in their run
+  seg_BNS = segment_ids_BT.astype(jnp.int32).reshape(b, n, t // n)
+  blk_seg_BN, blk_mixed_BN = seg_BNS[..., 0], (seg_BNS != seg_BNS[..., :1]).any(-1)
+  rseg_BGCR = row_seg_BGL.reshape(b, g, num_chunks, r)
+  j_BGC = jnp.maximum(chunk_block_BGC, 0)
+  full_BGC = ((chunk_block_BGC >= 0) & (rseg_BGCR == rseg_BGCR[..., :1]).all(-1)
+              & (rseg_BGCR[..., 0] != 0)
+              & (rseg_BGCR[..., 0] == jnp.take_along_axis(blk_seg_BN[:, None], j_BGC, axis=-1))
+              & ~jnp.take_along_axis(blk_mixed_BN[:, None], j_BGC, axis=-1)
+              & (row_pos_BGL.reshape(b, g, num_chunks, r).min(-1) // (t // n) > j_BGC))
   return MobaKVLayout(row_src_BGL=row_src_BGL, row_seg_BGL=row_seg_BGL, row_pos_BGL=row_pos_BGL,
                       entry_row_BGTK=entry_row_BGTK, chunk_block_BGC=chunk_block_BGC,
+                      chunk_full_BGC=full_BGC.astype(jnp.int32),
                       block_chunks_BGN2=block_chunks_BGN2)

@@ -57,6 +57,9 @@ class MobaBlockSizes:
   num_stages: int = 2
   num_warps_bwd: int = 4
   num_stages_bwd: int = 2
+  # Run chunks the layout marks full (every pair attended: chunk_full_BGC) without the
+  # per-element mask, in a second copy of each loop.
+  skip_full_masks: bool = False
 
   def check(self, block_size: int) -> None:
     for name in ("block_rows", "block_k", "block_k_dkv"):
@@ -85,8 +88,15 @@ def _num_key_tiles(pos_R, base, block_size, block_k):
   return jnp.minimum(block_size // block_k, (jnp.max(pos_R) - base) // block_k + 1)
 
 
-def _fwd_kernel(cb_ref, src_ref, seg_ref, pos_ref, q_ref, k_ref, v_ref, kseg_ref, o_ref, lse_ref,
-                *, sm_scale, block_size, block_k):
+def _masked_or_full(full, run, init, skip_full_masks: bool):
+  """run(masked=True)(init), or where the chunk is full and skipping is on, the unmasked copy."""
+  if not skip_full_masks:
+    return run(True)(init)
+  return lax.cond(full != 0, run(False), run(True), init)
+
+
+def _fwd_kernel(cb_ref, full_ref, src_ref, seg_ref, pos_ref, q_ref, k_ref, v_ref, kseg_ref, o_ref,
+                lse_ref, *, sm_scale, block_size, block_k, skip_full_masks):
   j = cb_ref[0]
 
   @pl.when(j >= 0)
@@ -96,32 +106,35 @@ def _fwd_kernel(cb_ref, src_ref, seg_ref, pos_ref, q_ref, k_ref, v_ref, kseg_ref
     seg, pos = seg_ref[...], pos_ref[...]
     base = j * block_size
 
-    def body(i, carry):
-      acc, m_prev, l_prev = carry
-      ks = pl.ds(base + i * block_k, block_k)
-      k = k_ref[ks, :]
-      s = plgpu.dot(q, k, trans_b=True) * (sm_scale * _LOG2E)
-      kpos = base + i * block_k + jnp.arange(block_k, dtype=jnp.int32)
-      s = jnp.where(_mask(seg, pos, kseg_ref[ks], kpos), s, _MASK)
-      m_next = jnp.maximum(m_prev, s.max(axis=-1))
-      corr = jnp.exp2(m_prev - m_next)
-      p = jnp.exp2(s - m_next[:, None])
-      l_next = l_prev * corr + p.sum(axis=-1)
-      v = v_ref[ks, :]
-      acc = acc * corr[:, None] + plgpu.dot(p.astype(v.dtype), v)
-      return acc, m_next, l_next
+    n_tiles = _num_key_tiles(pos, base, block_size, block_k)
 
-    acc = jnp.zeros((r, d), jnp.float32)
-    m = jnp.full((r,), _MASK, jnp.float32)
-    l = jnp.zeros((r,), jnp.float32)
-    acc, m, l = lax.fori_loop(0, _num_key_tiles(pos, base, block_size, block_k), body,
-                              (acc, m, l))
+    def run(masked):
+      def body(i, carry):
+        acc, m_prev, l_prev = carry
+        ks = pl.ds(base + i * block_k, block_k)
+        k = k_ref[ks, :]
+        s = plgpu.dot(q, k, trans_b=True) * (sm_scale * _LOG2E)
+        if masked:
+          kpos = base + i * block_k + jnp.arange(block_k, dtype=jnp.int32)
+          s = jnp.where(_mask(seg, pos, kseg_ref[ks], kpos), s, _MASK)
+        m_next = jnp.maximum(m_prev, s.max(axis=-1))
+        corr = jnp.exp2(m_prev - m_next)
+        p = jnp.exp2(s - m_next[:, None])
+        l_next = l_prev * corr + p.sum(axis=-1)
+        v = v_ref[ks, :]
+        acc = acc * corr[:, None] + plgpu.dot(p.astype(v.dtype), v)
+        return acc, m_next, l_next
+      return lambda init: lax.fori_loop(0, n_tiles, body, init)
+
+    init = (jnp.zeros((r, d), jnp.float32), jnp.full((r,), _MASK, jnp.float32),
+            jnp.zeros((r,), jnp.float32))
+    acc, m, l = _masked_or_full(full_ref[0], run, init, skip_full_masks)
     o_ref[...] = (acc / l[:, None]).astype(o_ref.dtype)
     lse_ref[...] = (m + jnp.log2(l)) / _LOG2E  # natural-log lse
 
 
-def _dq_kernel(cb_ref, src_ref, seg_ref, pos_ref, q_ref, do_ref, lse_ref, delta_ref, k_ref, v_ref,
-               kseg_ref, dq_ref, *, sm_scale, block_size, block_k):
+def _dq_kernel(cb_ref, full_ref, src_ref, seg_ref, pos_ref, q_ref, do_ref, lse_ref, delta_ref,
+               k_ref, v_ref, kseg_ref, dq_ref, *, sm_scale, block_size, block_k, skip_full_masks):
   j = cb_ref[0]
 
   @pl.when(j >= 0)
@@ -133,24 +146,29 @@ def _dq_kernel(cb_ref, src_ref, seg_ref, pos_ref, q_ref, do_ref, lse_ref, delta_
     seg, pos = seg_ref[...], pos_ref[...]
     base = j * block_size
 
-    def body(i, dq):
-      ks = pl.ds(base + i * block_k, block_k)
-      k, v = k_ref[ks, :], v_ref[ks, :]
-      s = plgpu.dot(q, k, trans_b=True) * sm_scale
-      kpos = base + i * block_k + jnp.arange(block_k, dtype=jnp.int32)
-      p = jnp.where(_mask(seg, pos, kseg_ref[ks], kpos), jnp.exp(s - lse[:, None]), 0.0)
-      dp = plgpu.dot(do, v, trans_b=True)
-      ds = p * (dp - delta[:, None])
-      return dq + plgpu.dot(ds.astype(k.dtype), k)
+    n_tiles = _num_key_tiles(pos, base, block_size, block_k)
 
-    dq = lax.fori_loop(0, _num_key_tiles(pos, base, block_size, block_k), body,
-                       jnp.zeros((r, d), jnp.float32))
+    def run(masked):
+      def body(i, dq):
+        ks = pl.ds(base + i * block_k, block_k)
+        k, v = k_ref[ks, :], v_ref[ks, :]
+        s = plgpu.dot(q, k, trans_b=True) * sm_scale
+        p = jnp.exp(s - lse[:, None])
+        if masked:
+          kpos = base + i * block_k + jnp.arange(block_k, dtype=jnp.int32)
+          p = jnp.where(_mask(seg, pos, kseg_ref[ks], kpos), p, 0.0)
+        dp = plgpu.dot(do, v, trans_b=True)
+        ds = p * (dp - delta[:, None])
+        return dq + plgpu.dot(ds.astype(k.dtype), k)
+      return lambda init: lax.fori_loop(0, n_tiles, body, init)
+
+    dq = _masked_or_full(full_ref[0], run, jnp.zeros((r, d), jnp.float32), skip_full_masks)
     dq_ref[...] = (dq * sm_scale).astype(dq_ref.dtype)
 
 
-def _dkv_kernel(bc_ref, skip_ref, src_ref, seg_ref, pos_ref, q_ref, do_ref, lse_ref, delta_ref,
-                k_ref, v_ref, kseg_ref, dk_ref, dv_ref, *, sm_scale, block_k, block_rows,
-                group_size):
+def _dkv_kernel(bc_ref, skip_ref, full_ref, src_ref, seg_ref, pos_ref, q_ref, do_ref, lse_ref,
+                delta_ref, k_ref, v_ref, kseg_ref, dk_ref, dv_ref, *, sm_scale, block_k, block_rows,
+                group_size, skip_full_masks):
   # A block's run starts with its own tokens' rows in position order; the chunks
   # holding only own rows before this key tile are causally masked: skip them.
   first = bc_ref[0] + (skip_ref[0] * group_size) // block_rows
@@ -166,7 +184,15 @@ def _dkv_kernel(bc_ref, skip_ref, src_ref, seg_ref, pos_ref, q_ref, do_ref, lse_
     q, do = q_ref[src], do_ref[src]
     lse, delta = lse_ref[src], delta_ref[src]
     s = plgpu.dot(q, k, trans_b=True) * sm_scale
-    p = jnp.where(_mask(seg_ref[rs], pos_ref[rs], kseg, kpos), jnp.exp(s - lse[:, None]), 0.0)
+    p = jnp.exp(s - lse[:, None])
+
+    def masked(p):
+      return jnp.where(_mask(seg_ref[rs], pos_ref[rs], kseg, kpos), p, 0.0)
+
+    if skip_full_masks:
+      p = lax.cond(full_ref[c] != 0, lambda p: p, masked, p)
+    else:
+      p = masked(p)
     dv = dv + plgpu.dot(p.astype(do.dtype), do, trans_a=True)
     dp = plgpu.dot(do, v, trans_b=True)
     ds = p * (dp - delta[:, None])
@@ -259,7 +285,7 @@ def _full_spec(shape):
 def _chunk_program(kernel, layout, token_arrays, k_BTKD, v_BTKD, segment_ids_BT, *, block_rows,
                    out_specs, out_shape, num_warps, num_stages, interpret, name):
   """One program per (row, KV group, chunk of block_rows sorted rows). The kernel takes the
-  chunk's block id and its rows' sources / segments / positions, then the whole per-token
+  chunk's block id and full flag, its rows' sources / segments / positions, then the whole per-token
   arrays (it gathers its rows from them), K and V (it reads its block's tiles), and the key
   segment ids, followed by its outputs."""
   b, g, l = layout.row_src_BGL.shape
@@ -269,7 +295,7 @@ def _chunk_program(kernel, layout, token_arrays, k_BTKD, v_BTKD, segment_ids_BT,
   return pl.pallas_call(
       kernel,
       grid=(b, g, l // r),
-      in_specs=[_rows_spec(1), _rows_spec(r), _rows_spec(r), _rows_spec(r),
+      in_specs=[_rows_spec(1), _rows_spec(1), _rows_spec(r), _rows_spec(r), _rows_spec(r),
                 *(_full_spec(x.shape[1:]) for x in token_arrays), kv_spec, kv_spec,
                 _full_spec((t,))],
       out_specs=out_specs,
@@ -277,8 +303,8 @@ def _chunk_program(kernel, layout, token_arrays, k_BTKD, v_BTKD, segment_ids_BT,
       compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages),
       interpret=interpret,
       name=name,
-  )(layout.chunk_block_BGC, layout.row_src_BGL, layout.row_seg_BGL, layout.row_pos_BGL,
-    *token_arrays, k_BTKD, v_BTKD, segment_ids_BT.astype(jnp.int32))
+  )(layout.chunk_block_BGC, layout.chunk_full_BGC, layout.row_src_BGL, layout.row_seg_BGL,
+    layout.row_pos_BGL, *token_arrays, k_BTKD, v_BTKD, segment_ids_BT.astype(jnp.int32))
 
 
 def moba_forward_rows(q_BSD, layout, k_BTKD, v_BTKD, segment_ids_BT, *, block_size,
@@ -290,7 +316,7 @@ def moba_forward_rows(q_BSD, layout, k_BTKD, v_BTKD, segment_ids_BT, *, block_si
   _, g, l = layout.row_src_BGL.shape
   r = bs.block_rows
   kernel = functools.partial(_fwd_kernel, sm_scale=1.0 / math.sqrt(d), block_size=block_size,
-                             block_k=bs.block_k)
+                             block_k=bs.block_k, skip_full_masks=bs.skip_full_masks)
   return _chunk_program(
       kernel, layout, [q_BSD], k_BTKD, v_BTKD, segment_ids_BT, block_rows=r,
       out_specs=[_rows_spec(r, d), _rows_spec(r)],
@@ -307,7 +333,7 @@ def moba_dq_rows(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segmen
   _, g, l = layout.row_src_BGL.shape
   r = bs.block_rows
   kernel = functools.partial(_dq_kernel, sm_scale=1.0 / math.sqrt(d), block_size=block_size,
-                             block_k=bs.block_k)
+                             block_k=bs.block_k, skip_full_masks=bs.skip_full_masks)
   return _chunk_program(
       kernel, layout, [q_BSD, do_BSD, lse_BS, delta_BS], k_BTKD, v_BTKD, segment_ids_BT,
       block_rows=r, out_specs=_rows_spec(r, d),
@@ -329,7 +355,8 @@ def moba_dkv(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_id
   full = lambda shape: pl.BlockSpec((None, *shape), lambda b_, g_, n: (b_,) + (0,) * len(shape))
   gh = s // t // g
   kernel = functools.partial(_dkv_kernel, sm_scale=1.0 / math.sqrt(d), block_k=tk,
-                             block_rows=bs.block_rows, group_size=gh)
+                             block_rows=bs.block_rows, group_size=gh,
+                             skip_full_masks=bs.skip_full_masks)
   # Non-padding keys of the block before each key tile (= own query tokens before it).
   nonpad_BNP = (segment_ids_BT != 0).astype(jnp.int32).reshape(b, t // tk, tk).sum(-1).reshape(
       b, t // block_size, tiles_per_block)
@@ -340,6 +367,7 @@ def moba_dkv(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_id
       in_specs=[pl.BlockSpec((None, None, None, 2),
                              lambda b_, g_, n: (b_, g_, n // tiles_per_block, 0)),
                 pl.BlockSpec((None, 1), lambda b_, g_, n: (b_, n)),
+                pl.BlockSpec((None, None, l // bs.block_rows), lambda b_, g_, n: (b_, g_, 0)),
                 rows_full, rows_full, rows_full, full((s, d)), full((s, d)), full((s,)),
                 full((s,)), kv_tile, kv_tile, pl.BlockSpec((None, tk), lambda b_, g_, n: (b_, n))],
       out_specs=[kv_tile, kv_tile],
@@ -349,6 +377,6 @@ def moba_dkv(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_id
                                            num_stages=bs.num_stages_bwd),
       interpret=interpret,
       name="moba_dkv",
-  )(layout.block_chunks_BGN2, skip_BN, layout.row_src_BGL, layout.row_seg_BGL,
-    layout.row_pos_BGL, q_BSD,
-    do_BSD, lse_BS, delta_BS, k_BTKD, v_BTKD, segment_ids_BT.astype(jnp.int32))
+  )(layout.block_chunks_BGN2, skip_BN, layout.chunk_full_BGC, layout.row_src_BGL,
+    layout.row_seg_BGL, layout.row_pos_BGL, q_BSD, do_BSD, lse_BS, delta_BS, k_BTKD, v_BTKD,
+    segment_ids_BT.astype(jnp.int32))
