@@ -17,7 +17,7 @@ see the same documents; SAB only groups them differently within its window). Two
 
 GPU shape: 8 layers, d 512, 8/2 heads x 64, SwiGLU 2048 (~30M parameters), 8K-token rows,
 MoBA block 256, base budget 4 (each query reads at most 1K of up to 8K keys; DST moves a
-shard between 3 and 5), the SparseBalance arm timing each GPU's shard, documents
+shard between 2 and 5), the SparseBalance arm timing each GPU's shard, documents
 from the LongAlign-like long tail scaled into 0.3-8K tokens, half text and half synthetic
 tasks (all five of them). Seeds: `--config.train.seed` and `--config.data.seed` together.
 """
