@@ -289,9 +289,10 @@ def main():
     c = cud[(r["seq"], r["heads"])]
     r["ratio_fwdbwd"] = r["fwdbwd_tflops"] / c["fwdbwd_tflops"]
     r["ratio_fwd"] = r["fwd_tflops"] / c["fwd_tflops"]
-    print(f"{r['kind']:5s} {r['forward_kernel']:7s} {r['heads']:6s} {r['seq']:6d} {r['block']:5d} {r['k']:2d} "
-          f"{r['k_max']:4d} {r['fwd_ms']:7.3f} {r['fwdbwd_ms']:7.3f} {r['fwd_tflops']:6.1f} "
-          f"{r['fwdbwd_tflops']:6.1f} {r['ratio_fwdbwd']:6.3f} {r['gate_ms']:7.3f}")
+    print(f"{r['kind']:5s} {r['forward_kernel']:7s} {r['heads']:6s} {r['seq']:6d} "
+          f"{r['block']:5d} {r['k']:2d} {r['k_max']:4d} {r['fwd_ms']:7.3f} {r['fwdbwd_ms']:7.3f} "
+          f"{r['fwd_tflops']:6.1f} {r['fwdbwd_tflops']:6.1f} {r['ratio_fwdbwd']:6.3f} "
+          f"{r['gate_ms']:7.3f}")
   for c in cud.values():
     print(f"cudnn {c['heads']:6s} {c['seq']:6d} fwd {c['fwd_ms']:.3f} ms "
           f"({c['fwd_tflops']:.0f} TF/s)"

@@ -71,8 +71,8 @@ forward+backward 5.9 ms, 0.37x cuDNN dense causal's useful-FLOP rate (target 0.6
 not reached), gating 10% of it; time linear in the budget (R^2 0.999, k=2..16, one
 compile). The kernels themselves run at about 170-190 useful TF/s. A Hopper forward in
 Pallas Mosaic GPU (TMA + wgmma, hopper.py, `forward_kernel="mosaic"`) is correct on
-the H200 but 5-10% slower than the Triton forward so far (no warp specialization yet);
-the backward is Triton's for both.
+the H200 but 5-10% slower than the Triton forward so far (a warp-specialized variant was
+slower still and not kept, BENCHMARKS.md); the backward is Triton's for both.
 """
 
 from pallas_kernels.moba.attention import moba_attention

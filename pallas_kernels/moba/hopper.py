@@ -44,7 +44,7 @@ def check_supported(q_dtype, head_dim: int, bs: MobaBlockSizes) -> None:
   """Raises with the reason when the Hopper kernel cannot run these arguments."""
   if jnp.dtype(q_dtype) != jnp.bfloat16:
     raise ValueError(f"the Mosaic GPU kernel takes bfloat16 q/k/v, got {jnp.dtype(q_dtype)}; "
-                     "use kernel='triton' for other dtypes")
+                     "use forward_kernel='triton' for other dtypes")
   if head_dim % 64:
     raise ValueError(f"the Mosaic GPU kernel needs head_dim % 64 == 0, got {head_dim}")
   if bs.block_rows != _ROWS:
@@ -66,8 +66,8 @@ def chunk_key_steps(layout, *, block_size: int, block_k: int) -> jax.Array:
 
 
 def _fwd_kernel(cb_ref, steps_ref, seg_ref, pos_ref, qs_ref, k_ref, v_ref, kseg_ref, o_ref,
-                lse_ref, q_smem, p_smem, o_smem, lse_smem, q_barrier, *, sm_scale, block_size, block_k,
-                max_concurrent_steps):
+                lse_ref, q_smem, p_smem, o_smem, lse_smem, q_barrier, *, sm_scale, block_size,
+                block_k, max_concurrent_steps):
   c = lax.axis_index("chunk")
   g = lax.axis_index("group")
   b = lax.axis_index("row")
