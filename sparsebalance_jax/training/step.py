@@ -209,10 +209,10 @@ class ShardTimedStep:
         with mesh_context(self._mesh):
             compiles = self.local.compiles
             local = self.local.compiled(bucket, state.params, batch)  # compiling is not timed
-            start = time.perf_counter()
             if self.device_clock:
                 loss_S, count_S, grads_S, clock_S2L = local(state.params, batch)
             else:
+                start = time.perf_counter()
                 loss_S, count_S, grads_S = local(state.params, batch)
                 host_seconds = _ready_seconds([loss_S, count_S, *jax.tree.leaves(grads_S)],
                                               start)
