@@ -4,8 +4,8 @@
 for every SM of the device) once `dep` is computed. Placed at the start and the end of a
 program with data dependencies (see `training/step.py`), two readings give the time the device
 itself spent on the program, free of when the host got round to launching it on that device.
-The counter wraps every 2^32 ns (4.3 s): `elapsed_seconds` takes the difference modulo 2^32,
-so a reading pair is meaningful for programs shorter than that.
+The counter wraps every 2^32 ns (4.3 s): `elapsed_seconds` takes the difference modulo 2^32
+and adds back the whole wraps a bound on the true time (the host's wall time) leaves room for.
 
 GPU only: inline PTX has no interpreter, so any other backend is an error.
 """
@@ -19,6 +19,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 _LANES = 16  # smallest block the Triton lowering handles comfortably
+_WRAP_NS = 1 << 32
 
 
 def _clock_kernel(dep_ref, out_ref):
@@ -42,9 +43,16 @@ def read_clock(dep: jax.Array) -> jax.Array:
   )(lanes)
 
 
-def elapsed_seconds(start_N: np.ndarray, end_N: np.ndarray) -> np.ndarray:
-  """Seconds between two readings ([..., 16] int32 clocks -> [...]; lane 0 of each), modulo
-  the counter's 2^32 ns wrap."""
-  start = np.asarray(start_N)[..., 0].astype(np.uint32).astype(np.int64)
-  end = np.asarray(end_N)[..., 0].astype(np.uint32).astype(np.int64)
-  return ((end - start) % (1 << 32)) / 1e9
+def elapsed_seconds(start_XL: np.ndarray, end_XL: np.ndarray, *,
+                    at_most_seconds: float | None = None) -> np.ndarray:
+  """Seconds between two readings ([..., 16] int32 clocks -> [...]; lane 0 of each). The
+  low 32 bits wrap every 2^32 ns (4.3 s): the difference is taken modulo 2^32, plus the whole
+  wraps that `at_most_seconds` (a bound on the true time, such as the host's wall time around
+  the program) leaves room for."""
+  start = np.asarray(start_XL)[..., 0].astype(np.uint32).astype(np.int64)
+  end = np.asarray(end_XL)[..., 0].astype(np.uint32).astype(np.int64)
+  wrapped_ns = (end - start) % _WRAP_NS
+  if at_most_seconds is not None:
+    wraps = np.maximum((int(at_most_seconds * 1e9) - wrapped_ns) // _WRAP_NS, 0)
+    wrapped_ns = wrapped_ns + wraps * _WRAP_NS
+  return wrapped_ns / 1e9

@@ -215,6 +215,10 @@ def test_tuner_uses_ema_correction_and_state_round_trips():
     np.testing.assert_array_equal(restored.decide(BASE, table).budgets_S,
                                   t.decide(BASE, table).budgets_S)
     assert restored.step == t.step
+    with pytest.raises(ValueError, match="seconds_SK"):
+        t.decide(BASE, table[:1])  # one unit's row for two units
+    with pytest.raises(ValueError, match="seconds_SK"):
+        t.decide(BASE, table[:, :BUCKETS[-1]])  # no column for k_max
 
 
 def test_table_priced_only_within_the_bounds_gives_the_same_decisions():

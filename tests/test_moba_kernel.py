@@ -58,8 +58,8 @@ def test_values_and_gradients_match_reference(dtype, hq, hkv, bs):
   if bs.skip_full_masks:  # long documents: most chunks are full (test_moba_gate checks which)
     seg = jnp.asarray([[1] * 150 + [0] * 42, [1] * 100 + [2] * 92, [3] * 192])
   budget = jnp.asarray(rng.integers(1, k_max + 1, size=b), jnp.int32)  # ragged
-  if bs.skip_full_masks:
-    budget = jnp.asarray([3, 2, 3], jnp.int32)
+  if bs.skip_full_masks:  # every row selects: full chunks exist
+    budget = jnp.asarray(rng.integers(2, k_max + 1, size=b), jnp.int32)
   got, want = run_both(q, k, v, do, seg, budget, block_size, k_max, bs=bs)
   for name, g, w in zip(("out", "dq", "dk", "dv"), got, want):
     assert g.dtype == w.dtype
@@ -164,16 +164,36 @@ def test_budget_out_of_range_is_an_error():
   assert np.all(np.isnan(out[0])) and np.all(np.isfinite(out[1]))
 
 
+def test_chunk_wrongly_marked_full_changes_the_result():
+  """The unmasked path really skips the mask: a chunk marked full that is not (here every
+  used chunk, own blocks included) gives different partial outputs."""
+  rng = np.random.default_rng()
+  t, block_size = 128, 32
+  q, k, v, _ = make_inputs(rng, 1, t, 2, 1, 16, jnp.float32)
+  seg = jnp.ones((1, t), jnp.int32)
+  sel = moba_gate(q, k, seg, jnp.asarray([3]), block_size=block_size, k_max=3)
+  layout = build_kv_layout(sel, seg, num_blocks=t // block_size, group_size=2, block_rows=16)
+  wrong = dataclasses.replace(
+      layout, chunk_full_BGC=(layout.chunk_block_BGC >= 0).astype(jnp.int32))
+  bs = dataclasses.replace(SMALL, skip_full_masks=True)
+  run = lambda lay: kernels.moba_forward_rows(q.reshape(1, t * 2, 16), lay, k, v, seg,
+                                              block_size=block_size, bs=bs, interpret=True)
+  used = np.repeat(np.asarray(layout.chunk_block_BGC) >= 0, 16, axis=-1)
+  right_o, wrong_o = np.asarray(run(layout)[0])[used], np.asarray(run(wrong)[0])[used]
+  assert not np.allclose(right_o, wrong_o)
+
+
 @pytest.mark.gpu
+@pytest.mark.parametrize("skip_full_masks", [False, True])
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-def test_gpu_compiled_kernels_match_reference(dtype):
+def test_gpu_compiled_kernels_match_reference(dtype, skip_full_masks):
   rng = np.random.default_rng()
   b, t, block_size, k_max = 2, 1024, 128, 4
   q, k, v, do = make_inputs(rng, b, t, 8, 2, 64, dtype)
   seg = packed_segments(rng, b, t, block_size, aligned=True)
   budget = jnp.asarray([2, 4], jnp.int32)
-  got, want = run_both(q, k, v, do, seg, budget, block_size, k_max, bs=MobaBlockSizes(),
-                       interpret=False)
+  got, want = run_both(q, k, v, do, seg, budget, block_size, k_max,
+                       bs=MobaBlockSizes(skip_full_masks=skip_full_masks), interpret=False)
   tol = {jnp.float32: 2e-3, jnp.bfloat16: 2e-2}[dtype]  # f32 dots run as tf32 on GPU
   for g, w in zip(got, want):
     assert rel_err(g, w) < tol

@@ -178,3 +178,10 @@ def test_device_clock_is_gpu_only_and_wraps():
     start = np.full((2, 16), -5, np.int32)
     end = np.array([[1000] * 16, [7] * 16], np.int32)
     np.testing.assert_allclose(device_clock.elapsed_seconds(start, end), [1005e-9, 12e-9])
+    # A 5 s program reads 5 - 4.294967296 s on the low 32 bits; the host's 5.2 s restores it.
+    five = np.full((1, 16), 5_000_000_000 % (1 << 32), np.int64).astype(np.uint32).view(np.int32)
+    zero = np.zeros((1, 16), np.int32)
+    np.testing.assert_allclose(device_clock.elapsed_seconds(zero, five), [5 - 2 ** 32 / 1e9])
+    np.testing.assert_allclose(device_clock.elapsed_seconds(zero, five, at_most_seconds=5.2), [5.0])
+    np.testing.assert_allclose(device_clock.elapsed_seconds(start, end, at_most_seconds=0.1),
+                               [1005e-9, 12e-9])

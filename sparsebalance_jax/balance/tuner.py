@@ -220,7 +220,12 @@ class Tuner:
         """seconds_SK float [N, >= k_max + 1]: each unit's uncorrected model prediction at every
         budget k in column k (`shard_latency_table`; only budgets within the bounds are read)."""
         start = time.perf_counter()
-        corrected_SK = np.asarray(seconds_SK, dtype=np.float64) * self.ema.ratio_S[:, None]
+        seconds_SK = np.asarray(seconds_SK, dtype=np.float64)
+        if seconds_SK.ndim != 2 or seconds_SK.shape[0] != self.num_units or (
+                seconds_SK.shape[1] <= self.config.k_max):
+            raise ValueError(f"seconds_SK: need [{self.num_units}, >= {self.config.k_max + 1}] "
+                             f"(units x budgets 0..k_max), got {seconds_SK.shape}")
+        corrected_SK = seconds_SK * self.ema.ratio_S[:, None]
         before_S = corrected_SK[:, base_budget]
         corrected_rows = corrected_SK.tolist()  # cheap scalar look-ups for the rule's scan
         budgets_S = decide(before_S, base_budget, coverage, lambda s, k: corrected_rows[s][k],

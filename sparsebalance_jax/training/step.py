@@ -209,10 +209,10 @@ class ShardTimedStep:
         with mesh_context(self._mesh):
             compiles = self.local.compiles
             local = self.local.compiled(bucket, state.params, batch)  # compiling is not timed
+            start = time.perf_counter()
             if self.device_clock:
                 loss_S, count_S, grads_S, clock_S2L = local(state.params, batch)
             else:
-                start = time.perf_counter()
                 loss_S, count_S, grads_S = local(state.params, batch)
                 host_seconds = _ready_seconds([loss_S, count_S, *jax.tree.leaves(grads_S)],
                                               start)
@@ -221,7 +221,10 @@ class ShardTimedStep:
             return state, metrics, None
         if self.device_clock:
             clock_S2L = np.asarray(clock_S2L)
-            return state, metrics, device_clock.elapsed_seconds(clock_S2L[:, 0], clock_S2L[:, 1])
+            # The host's wall time from dispatch bounds each device's: it resolves the clock's
+            # 2^32 ns wrap for shard programs longer than 4.3 s.
+            return state, metrics, device_clock.elapsed_seconds(
+                clock_S2L[:, 0], clock_S2L[:, 1], at_most_seconds=time.perf_counter() - start)
         return state, metrics, np.asarray(host_seconds)
 
 
