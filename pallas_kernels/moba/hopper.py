@@ -27,10 +27,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from pallas_kernels.moba.kernels import MobaBlockSizes
+from pallas_kernels.moba.kernels import _LOG2E, _MASK, MobaBlockSizes
 
-_MASK = -0.7 * float(jnp.finfo(jnp.float32).max)
-_LOG2E = math.log2(math.e)
 _ROWS = 64  # one warpgroup's wgmma M
 
 

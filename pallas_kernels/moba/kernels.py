@@ -184,15 +184,13 @@ def _dkv_kernel(bc_ref, skip_ref, full_ref, src_ref, seg_ref, pos_ref, q_ref, do
     q, do = q_ref[src], do_ref[src]
     lse, delta = lse_ref[src], delta_ref[src]
     s = plgpu.dot(q, k, trans_b=True) * sm_scale
-    p = jnp.exp(s - lse[:, None])
 
-    def masked(p):
-      return jnp.where(_mask(seg_ref[rs], pos_ref[rs], kseg, kpos), p, 0.0)
+    def run(masked):
+      if not masked:
+        return lambda p: p
+      return lambda p: jnp.where(_mask(seg_ref[rs], pos_ref[rs], kseg, kpos), p, 0.0)
 
-    if skip_full_masks:
-      p = lax.cond(full_ref[c] != 0, lambda p: p, masked, p)
-    else:
-      p = masked(p)
+    p = _masked_or_full(full_ref[c], run, jnp.exp(s - lse[:, None]), skip_full_masks)
     dv = dv + plgpu.dot(p.astype(do.dtype), do, trans_a=True)
     dp = plgpu.dot(do, v, trans_b=True)
     ds = p * (dp - delta[:, None])
@@ -352,7 +350,6 @@ def moba_dkv(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_id
   tiles_per_block = block_size // tk
   rows_full = pl.BlockSpec((None, None, l), lambda b_, g_, n: (b_, g_, 0))
   kv_tile = pl.BlockSpec((None, tk, None, d), lambda b_, g_, n: (b_, n, g_, 0))
-  full = lambda shape: pl.BlockSpec((None, *shape), lambda b_, g_, n: (b_,) + (0,) * len(shape))
   gh = s // t // g
   kernel = functools.partial(_dkv_kernel, sm_scale=1.0 / math.sqrt(d), block_k=tk,
                              block_rows=bs.block_rows, group_size=gh,
@@ -368,8 +365,9 @@ def moba_dkv(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_id
                              lambda b_, g_, n: (b_, g_, n // tiles_per_block, 0)),
                 pl.BlockSpec((None, 1), lambda b_, g_, n: (b_, n)),
                 pl.BlockSpec((None, None, l // bs.block_rows), lambda b_, g_, n: (b_, g_, 0)),
-                rows_full, rows_full, rows_full, full((s, d)), full((s, d)), full((s,)),
-                full((s,)), kv_tile, kv_tile, pl.BlockSpec((None, tk), lambda b_, g_, n: (b_, n))],
+                rows_full, rows_full, rows_full, _full_spec((s, d)), _full_spec((s, d)),
+                _full_spec((s,)), _full_spec((s,)), kv_tile, kv_tile,
+                pl.BlockSpec((None, tk), lambda b_, g_, n: (b_, n))],
       out_specs=[kv_tile, kv_tile],
       out_shape=[jax.ShapeDtypeStruct(k_BTKD.shape, k_BTKD.dtype),
                  jax.ShapeDtypeStruct(v_BTKD.shape, v_BTKD.dtype)],

@@ -19,9 +19,9 @@ shard's time is read:
 * Other backends (CPU tests): a thread per device records when that device's outputs are
   ready, counted from the dispatch.
 
-Program 2 sums the shards' gradients (the
-all-reduce) and applies the update. It needs a data-only mesh (fsdp = tensor = 1): with
-parameters or heads split, a shard's work is not one device's. The cost: the all-reduce no
+Program 2 sums the shards' gradients (the all-reduce) and applies the update. It needs a
+data-only mesh (fsdp = tensor = 1): with parameters or heads split, a shard's work is not one
+device's. The cost: the all-reduce no
 longer overlaps the last backward layers, and one un-reduced gradient per device is held
 between the programs (the fused step holds it too, inside its program).
 """
