@@ -152,6 +152,14 @@ def bench_moba(t, block, ks, k_max, hq, hkv, d, bs, reps, kind="moba", gate=True
   return rows
 
 
+def variant_tag(bs: MobaBlockSizes) -> str:
+  """Short name of a block-size variant, as in the --variants syntax."""
+  bwd = (f"_bw{bs.num_warps_bwd}_bs{bs.num_stages_bwd}"
+         if (bs.num_warps_bwd, bs.num_stages_bwd) != (bs.num_warps, bs.num_stages) else "")
+  return (f"r{bs.block_rows}_k{bs.block_k}_kd{bs.block_k_dkv}_w{bs.num_warps}_s{bs.num_stages}"
+          f"{bwd}{'_skipfull' if bs.skip_full_masks else ''}")
+
+
 def profile_stages(t, block, k, hq, hkv, d, variants, reps):
   """Times each stage alone (gating parts, row gathers, each kernel) per block-size variant."""
   q, k_, v, do = inputs(0, 1, t, hq, hkv, d, jnp.bfloat16)
@@ -169,8 +177,7 @@ def profile_stages(t, block, k, hq, hkv, d, variants, reps):
                                                          k_max=k, interpret=INTERPRET))
   row["fused_gate_ms"] = timeit(fused, q, k_, budget, reps=reps)
   for bs in (v.fit(block) for v in variants):
-    tag = (f"r{bs.block_rows}_k{bs.block_k}_kd{bs.block_k_dkv}_w{bs.num_warps}_s{bs.num_stages}"
-           f"{'_skipfull' if bs.skip_full_masks else ''}")
+    tag = variant_tag(bs)
     lay_fn = jax.jit(lambda sel: build_kv_layout(sel, seg, num_blocks=n, group_size=gh,
                                                  block_rows=bs.block_rows))
     row[f"layout_ms_{tag}"] = timeit(lay_fn, sel, reps=reps)
@@ -197,15 +204,17 @@ def profile_stages(t, block, k, hq, hkv, d, variants, reps):
 
 
 def parse_variant(text: str) -> MobaBlockSizes:
-  """'rows,k,kdkv,warps,stages[,skip_full_masks]' -> MobaBlockSizes (same warps and stages
-  for the backward)."""
+  """'rows,k,kdkv,warps,stages[,skip_full_masks[,warps_bwd,stages_bwd]]' -> MobaBlockSizes
+  (the backward takes the forward's warps and stages unless given)."""
   fields = [int(x) for x in text.split(",")]
-  if len(fields) not in (5, 6):
-    raise ValueError(f"variant {text!r}: need rows,k,kdkv,warps,stages[,skip_full_masks]")
+  if len(fields) not in (5, 6, 8):
+    raise ValueError(f"variant {text!r}: need "
+                     "rows,k,kdkv,warps,stages[,skip_full_masks[,warps_bwd,stages_bwd]]")
   r, kk, kd, w, s = fields[:5]
+  wb, sb = fields[6:8] if len(fields) == 8 else (w, s)
   return MobaBlockSizes(block_rows=r, block_k=kk, block_k_dkv=kd, num_warps=w, num_stages=s,
-                        num_warps_bwd=w, num_stages_bwd=s,
-                        skip_full_masks=bool(fields[5]) if len(fields) == 6 else False)
+                        num_warps_bwd=wb, num_stages_bwd=sb,
+                        skip_full_masks=bool(fields[5]) if len(fields) >= 6 else False)
 
 
 def r_squared(x, y):
@@ -225,7 +234,9 @@ def main():
                  help="k_max of the budget sweep (k = 2..k_max, one compile); 0 = none")
   p.add_argument("--variants", default="",
                  help="extra MobaBlockSizes for the first config: "
-                      "'rows,k,kdkv,warps,stages[,skip_full_masks 0/1];...'")
+                      "'rows,k,kdkv,warps,stages[,skip_full_masks 0/1[,warps_bwd,stages_bwd]];...'")
+  p.add_argument("--variants-everywhere", action="store_true",
+                 help="time the variants at every (S, block, k, heads), not only the first")
   p.add_argument("--profile", action="store_true",
                  help="time each stage alone at the first (S, block, k, heads) for every variant")
   p.add_argument("--forward-kernels", nargs="+", default=["triton"],
@@ -263,8 +274,8 @@ def main():
           if k > t // block:
             continue
           first = t == args.seqs[0] and block == args.blocks[0] and k == args.ks[0]
-          for bs, fk in itertools.product(variants if first and not args.profile else [bs0],
-                                          args.forward_kernels):
+          timed = variants if args.variants_everywhere or (first and not args.profile) else [bs0]
+          for bs, fk in itertools.product(timed, args.forward_kernels):
             try:
               rows.extend(bench_moba(t, block, [k], k, hq, hkv, d, bs, args.reps,
                                      forward_kernel=fk))
@@ -281,7 +292,7 @@ def main():
   # Short table last.
   cud = {(r["seq"], r["heads"]): r for r in rows if r["kind"] == "cudnn"}
   print("\nkind  fwd     heads  S      block k  kmax  fwd_ms  fb_ms   fwdTF  fbTF   xcuDNN(fb) "
-        "gate_ms")
+        "gate_ms  tiles")
   for r in rows:
     if r["kind"] not in ("moba", "sweep"):
       continue
@@ -292,7 +303,7 @@ def main():
     print(f"{r['kind']:5s} {r['forward_kernel']:7s} {r['heads']:6s} {r['seq']:6d} "
           f"{r['block']:5d} {r['k']:2d} {r['k_max']:4d} {r['fwd_ms']:7.3f} {r['fwdbwd_ms']:7.3f} "
           f"{r['fwd_tflops']:6.1f} {r['fwdbwd_tflops']:6.1f} {r['ratio_fwdbwd']:6.3f} "
-          f"{r['gate_ms']:7.3f}")
+          f"{r['gate_ms']:7.3f}  {variant_tag(MobaBlockSizes(**r['block_sizes']))}")
   for c in cud.values():
     print(f"cudnn {c['heads']:6s} {c['seq']:6d} fwd {c['fwd_ms']:.3f} ms "
           f"({c['fwd_tflops']:.0f} TF/s)"

@@ -1,0 +1,53 @@
+"""One MoBA forward+backward per block-size variant, for Nsight Compute to profile.
+
+Compiles and runs each variant once (the launch ncu captures), nothing else: the three
+attention kernels are named moba_fwd, moba_dq and moba_dkv, so
+
+    ncu --clock-control none -k regex:'moba_(fwd|dq|dkv)' -c 6 --set full -o $OUT/moba \\
+        python3 experiments/ncu_moba.py --variants "64,64,64,4,2;64,64,64,4,2,1"
+    ncu --import $OUT/moba.ncu-rep --page details --csv > $OUT/moba.csv
+
+profiles each kernel of both variants once (3 kernels x 2 variants). Variants use
+bench_kernel.py's syntax; inputs and budgets are bench_kernel.py's (one document per row,
+budget = k_max = --k, random normal bf16).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from experiments.bench_kernel import (HEADS, fwd_bwd, inputs, parse_variant,  # noqa: E402
+                                      variant_tag)
+from pallas_kernels.moba import moba_attention  # noqa: E402
+
+
+def main():
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  p.add_argument("--seq", type=int, default=32768)
+  p.add_argument("--block", type=int, default=512)
+  p.add_argument("--k", type=int, default=3)
+  p.add_argument("--heads", default="h128", choices=list(HEADS))
+  p.add_argument("--variants", default="64,64,64,4,2")
+  p.add_argument("--interpret", action="store_true", help="Pallas interpret mode (CPU smoke)")
+  args = p.parse_args()
+  hq, hkv, d = HEADS[args.heads]
+  q, k, v, do = inputs(0, 1, args.seq, hq, hkv, d, jnp.bfloat16)
+  seg = jnp.ones((1, args.seq), jnp.int32)
+  budget = jnp.asarray([args.k], jnp.int32)
+  for text in args.variants.split(";"):
+    bs = parse_variant(text)
+    f = lambda q, k, v, bs=bs: moba_attention(q, k, v, seg, budget, block_size=args.block,
+                                              k_max=args.k, block_sizes=bs,
+                                              interpret=args.interpret)
+    jax.block_until_ready(fwd_bwd(f)(q, k, v, do))
+    print(f"ran {variant_tag(bs)}", flush=True)
+
+
+if __name__ == "__main__":
+  main()
