@@ -139,7 +139,8 @@ def bench_moba(t, block, ks, k_max, hq, hkv, d, bs, reps, kind="moba", gate=True
     budget = jnp.asarray([k], jnp.int32)
     flops = 4 * d * attended_pairs(sel_fn(q, k_, budget), block, hq // hkv)
     row = dict(kind=kind, seq=t, block=block, k=k, k_max=k_max, heads=f"{hq}/{hkv}", d=d,
-               forward_kernel=forward_kernel, block_sizes=dataclasses.asdict(bs))
+               forward_kernel=forward_kernel,
+               block_sizes=dataclasses.asdict(bs.fit(block, d)))
     row["fwd_ms"] = timeit(fwd, q, k_, v, budget, reps=reps)
     row["fwdbwd_ms"] = timeit(fb, q, k_, v, do, budget, reps=reps)
     row["fwd_tflops"] = flops / row["fwd_ms"] / 1e9
@@ -176,7 +177,7 @@ def profile_stages(t, block, k, hq, hkv, d, variants, reps):
   fused = jax.jit(lambda q, k_, b: attention._fused_gate(q, k_, seg, b, block_size=block,
                                                          k_max=k, interpret=INTERPRET))
   row["fused_gate_ms"] = timeit(fused, q, k_, budget, reps=reps)
-  for bs in (v.fit(block) for v in variants):
+  for bs in (v.fit(block, d) for v in variants):
     tag = variant_tag(bs)
     lay_fn = jax.jit(lambda sel: build_kv_layout(sel, seg, num_blocks=n, group_size=gh,
                                                  block_rows=bs.block_rows))
@@ -205,8 +206,9 @@ def profile_stages(t, block, k, hq, hkv, d, variants, reps):
 
 def parse_variant(text: str) -> MobaBlockSizes:
   """'rows,k,kdkv,warps,stages[,skip_full_masks[,warps_bwd,stages_bwd]]' -> MobaBlockSizes
-  (the backward takes the forward's warps and stages unless given)."""
-  fields = [int(x) for x in text.split(",")]
+  (skip_full_masks 0, 1 or a = by head_dim, the default; the backward takes the forward's
+  warps and stages unless given)."""
+  fields = [None if x == "a" else int(x) for x in text.split(",")]
   if len(fields) not in (5, 6, 8):
     raise ValueError(f"variant {text!r}: need "
                      "rows,k,kdkv,warps,stages[,skip_full_masks[,warps_bwd,stages_bwd]]")
@@ -214,7 +216,8 @@ def parse_variant(text: str) -> MobaBlockSizes:
   wb, sb = fields[6:8] if len(fields) == 8 else (w, s)
   return MobaBlockSizes(block_rows=r, block_k=kk, block_k_dkv=kd, num_warps=w, num_stages=s,
                         num_warps_bwd=wb, num_stages_bwd=sb,
-                        skip_full_masks=bool(fields[5]) if len(fields) >= 6 else False)
+                        skip_full_masks=(None if len(fields) < 6 or fields[5] is None
+                                         else bool(fields[5])))
 
 
 def r_squared(x, y):
@@ -234,7 +237,7 @@ def main():
                  help="k_max of the budget sweep (k = 2..k_max, one compile); 0 = none")
   p.add_argument("--variants", default="",
                  help="extra MobaBlockSizes for the first config: "
-                      "'rows,k,kdkv,warps,stages[,skip_full_masks 0/1[,warps_bwd,stages_bwd]];...'")
+                      "'rows,k,kdkv,warps,stages[,skip_full_masks 0/1/a[,warps_bwd,stages_bwd]];...'")
   p.add_argument("--variants-everywhere", action="store_true",
                  help="time the variants at every (S, block, k, heads), not only the first")
   p.add_argument("--profile", action="store_true",
@@ -250,7 +253,7 @@ def main():
   global INTERPRET
   INTERPRET = args.interpret
   print("device:", jax.devices()[0].device_kind, "jax", jax.__version__, flush=True)
-  bs0 = MobaBlockSizes()
+  bs0 = MobaBlockSizes()  # skip_full_masks by head_dim (variant_tag shows the choice)
   rows = [] if args.skip_check else check_correctness(bs0, args.forward_kernels)
   variants = [bs0] + [parse_variant(v) for v in args.variants.split(";") if v]
   if args.profile:

@@ -132,7 +132,7 @@ def moba_attention(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, budget_B, *, block_si
   if k_BTKD.dtype != q_BTHD.dtype or v_BTKD.dtype != q_BTHD.dtype:
     raise ValueError(f"q_BTHD, k_BTKD, v_BTKD must share a dtype, got {q_BTHD.dtype}, "
                      f"{k_BTKD.dtype}, {v_BTKD.dtype}")
-  bs = (block_sizes or MobaBlockSizes()).fit(block_size)
+  bs = (block_sizes or MobaBlockSizes()).fit(block_size, q_BTHD.shape[-1])
   bs.check(block_size)
   if forward_kernel == "mosaic":
     hopper.check_supported(q_BTHD.dtype, q_BTHD.shape[-1], bs)
