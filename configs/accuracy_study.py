@@ -20,6 +20,10 @@ MoBA block 256, base budget 4 (each query reads at most 1K of up to 8K keys; DST
 shard between 2 and 5), the SparseBalance arm timing each GPU's shard, documents
 from the LongAlign-like long tail scaled into 0.3-8K tokens, half text and half synthetic
 tasks (all five of them). Seeds: `--config.train.seed` and `--config.data.seed` together.
+
+Measured (BENCHMARKS.md, 1000 steps, two seeds): DST may move a budget here but did not: after
+SAB the two shards' predicted times were at most 2.3% from their mean, and one budget block is
+~7% of a shard's predicted time, so every move would have left a shard farther from the anchor.
 """
 
 from configs import longbench
