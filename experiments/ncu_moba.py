@@ -42,10 +42,10 @@ def main():
   budget = jnp.asarray([args.k], jnp.int32)
   for text in args.variants.split(";"):
     bs = parse_variant(text)
-    f = lambda q, k, v, bs=bs: moba_attention(q, k, v, seg, budget, block_size=args.block,
-                                              k_max=args.k, block_sizes=bs,
-                                              interpret=args.interpret)
-    jax.block_until_ready(fwd_bwd(f)(q, k, v, do))
+    def attend(q, k, v, bs=bs):
+      return moba_attention(q, k, v, seg, budget, block_size=args.block, k_max=args.k,
+                            block_sizes=bs, interpret=args.interpret)
+    jax.block_until_ready(fwd_bwd(attend)(q, k, v, do))
     print(f"ran {variant_tag(bs)}", flush=True)
 
 
