@@ -7,6 +7,7 @@
 set -uo pipefail
 OUT=${OUT:?set OUT to a writable directory}
 export PYTHONUNBUFFERED=1
+source "$(dirname "$0")/lib.sh"
 command -v ncu > /dev/null || export PATH="$PATH:$(ls -d /opt/nvidia/nsight-compute/*/ | tail -1)"
 SKIP="64,64,64,4,2,1"
 VARIANTS=${VARIANTS:-"$SKIP;64,64,64,4,3,1;128,64,64,8,2,1;64,128,64,4,2,1;64,64,128,4,2,1,8,2;64,64,32,4,2,1"}
@@ -19,13 +20,7 @@ python3 experiments/bench_kernel.py --skip-check --profile --seqs 32768 --blocks
     --heads h128 --variants "$VARIANTS" --out "$OUT/profile.json" > /dev/null 2>&1
 echo "profile: exit $?"
 
-python3 experiments/bench_kernel.py --variants-everywhere --seqs 32768 --blocks 512 \
-    --ks 3 8 16 --heads h128 --variants "$SKIP" --out "$OUT/h128.json" > "$OUT/h128.log" 2>&1
-echo "h128: exit $?"
-python3 experiments/bench_kernel.py --skip-check --variants-everywhere --seqs 32768 \
-    --blocks 256 --ks 8 16 --heads h64 --variants "$SKIP" --out "$OUT/h64.json" \
-    > "$OUT/h64.log" 2>&1
-echo "h64: exit $?"
+time_headline "$SKIP" "$SKIP"
 
 ncu --clock-control none -k 'regex:moba_(fwd|dq|dkv)' -c 6 --set full -f -o /tmp/moba \
     python3 experiments/ncu_moba.py --variants "64,64,64,4,2;$SKIP" > /tmp/ncu.log 2>&1

@@ -6,6 +6,7 @@
 set -uo pipefail
 OUT=${OUT:?set OUT to a writable directory}
 export PYTHONUNBUFFERED=1
+source "$(dirname "$0")/lib.sh"
 V128=${V128:-"64,64,64,8,2,0;64,128,64,8,2,0;64,64,64,4,1,0;64,64,64,8,3,0;64,64,64,4,2,0,4,1;64,64,128,4,2,0,8,1"}
 V64=${V64:-"64,64,64,8,2,a;64,64,64,4,1,a;64,64,64,4,2,a,8,2;64,64,64,4,2,a,4,1"}
 
@@ -40,12 +41,6 @@ echo "profile h64: exit $?"
 B64=$(pick "$OUT/profile_h64.json" "$V64")
 echo "least kernel time: h128 $B128, h64 $B64"
 
-python3 experiments/bench_kernel.py --variants-everywhere --seqs 32768 --blocks 512 \
-    --ks 3 8 16 --heads h128 --variants "$B128" --out "$OUT/h128.json" > "$OUT/h128.log" 2>&1
-echo "h128: exit $?"
-python3 experiments/bench_kernel.py --skip-check --variants-everywhere --seqs 32768 \
-    --blocks 256 --ks 8 16 --heads h64 --variants "$B64" --out "$OUT/h64.json" \
-    > "$OUT/h64.log" 2>&1
-echo "h64: exit $?"
+time_headline "$B128" "$B64"
 grep -A20 "^kind " "$OUT/h128.log"
 grep -A20 "^kind " "$OUT/h64.log"
