@@ -22,8 +22,10 @@ from the LongAlign-like long tail scaled into 0.3-8K tokens, half text and half 
 tasks (all five of them). Seeds: `--config.train.seed` and `--config.data.seed` together.
 
 Measured (BENCHMARKS.md, 1000 steps, two seeds): DST may move a budget here but did not: after
-SAB the two shards' predicted times were at most 2.3% from their mean, and one budget block is
-~7% of a shard's predicted time, so every move would have left a shard farther from the anchor.
+SAB the tuner's measurement-corrected predictions of the two shards were at most 2.3% from their
+mean, and one budget block is ~6% of a shard's predicted time, so every move would have left a
+shard farther from the anchor (`python -m experiments.dst_dry_run` shows the same on
+predictions alone).
 """
 
 from configs import longbench
