@@ -208,16 +208,21 @@ def parse_variant(text: str) -> MobaBlockSizes:
   """'rows,k,kdkv,warps,stages[,skip_full_masks[,warps_bwd,stages_bwd]]' -> MobaBlockSizes
   (skip_full_masks 0, 1 or a = by head_dim, the default; the backward takes the forward's
   warps and stages unless given)."""
-  fields = [None if x == "a" else int(x) for x in text.split(",")]
+  fields = text.split(",")
   if len(fields) not in (5, 6, 8):
     raise ValueError(f"variant {text!r}: need "
                      "rows,k,kdkv,warps,stages[,skip_full_masks[,warps_bwd,stages_bwd]]")
-  r, kk, kd, w, s = fields[:5]
-  wb, sb = fields[6:8] if len(fields) == 8 else (w, s)
+  skip = fields[5] if len(fields) >= 6 else "a"
+  if skip not in ("0", "1", "a"):
+    raise ValueError(f"variant {text!r}: skip_full_masks must be 0, 1 or a, got {skip!r}")
+  try:
+    r, kk, kd, w, s, *bwd = (int(x) for i, x in enumerate(fields) if i != 5)
+  except ValueError:
+    raise ValueError(f"variant {text!r}: every field but skip_full_masks is an integer") from None
+  wb, sb = bwd or (w, s)
   return MobaBlockSizes(block_rows=r, block_k=kk, block_k_dkv=kd, num_warps=w, num_stages=s,
                         num_warps_bwd=wb, num_stages_bwd=sb,
-                        skip_full_masks=(None if len(fields) < 6 or fields[5] is None
-                                         else bool(fields[5])))
+                        skip_full_masks=None if skip == "a" else skip == "1")
 
 
 def r_squared(x, y):
@@ -237,7 +242,8 @@ def main():
                  help="k_max of the budget sweep (k = 2..k_max, one compile); 0 = none")
   p.add_argument("--variants", default="",
                  help="extra MobaBlockSizes for the first config: "
-                      "'rows,k,kdkv,warps,stages[,skip_full_masks 0/1/a[,warps_bwd,stages_bwd]];...'")
+                      "'rows,k,kdkv,warps,stages[,skip_full_masks 0/1/a"
+                      "[,warps_bwd,stages_bwd]];...'")
   p.add_argument("--variants-everywhere", action="store_true",
                  help="time the variants at every (S, block, k, heads), not only the first")
   p.add_argument("--profile", action="store_true",

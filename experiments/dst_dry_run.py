@@ -11,8 +11,10 @@ coverage floor (every coverage reads 1.0, so the floor never stops a decrease: m
 an upper bound on what a run with the floor makes). Prints, per shard count, the share of
 (step, shard) budgets moved off the base, the predicted imbalance (max / mean of the shards'
 predicted step times) before and after the decision, and the predicted cost of one budget
-block (the median over shards of L(b) / L(b - 1) - 1 at the base b): DST can only correct an
-imbalance larger than about half a block. Writes the rows as JSON to --out when given.
+block (the median over shards of L(b) / L(b - 1) - 1 at the base b). A shard moves only when
+its gap to the anchor exceeds both the dead band (balance.dead_band) and about half a block
+(a smaller gap is closer to the anchor than a one-block move would leave it). Writes the rows
+as JSON to --out when given.
 """
 
 from __future__ import annotations
@@ -56,6 +58,9 @@ def dry_run(raw, num_shards: int, steps: int) -> dict:
                                               budget_range=(base - 1, base))
             block.append(np.median(table[:, base] / table[:, base - 1] - 1.0))
     chosen = np.asarray(chosen)
+    if chosen.shape != (len(before), num_shards):
+        raise RuntimeError(f"DST decided {chosen.shape[1:]} budgets per step for {num_shards} "
+                           "shards")
     return {"shards": num_shards, "steps": len(before), "base_budget": base,
             "block_size": cfg.attention.block_size, "batcher": cfg.data.batcher,
             "moved_share": float(np.mean(chosen != base)),

@@ -46,7 +46,7 @@ def main():
       return moba_attention(q, k, v, seg, budget, block_size=args.block, k_max=args.k,
                             block_sizes=bs, interpret=args.interpret)
     jax.block_until_ready(fwd_bwd(attend)(q, k, v, do))
-    print(f"ran {variant_tag(bs)}", flush=True)
+    print(f"ran {variant_tag(bs.fit(args.block, d))}", flush=True)
 
 
 if __name__ == "__main__":

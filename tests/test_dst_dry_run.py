@@ -34,3 +34,10 @@ def test_needs_dst_on():
     raw.balance.dst = False
     with pytest.raises(ConfigError, match="balance.dst"):
         dry_run(raw, num_shards=2, steps=1)
+
+
+def test_gpu_preset_stream_on_cpu():
+    # The published rows use the GPU preset's data (8K rows); the dry run needs no GPU for it.
+    row = dry_run(accuracy_study.get_config("sparsebalance,gpu"), num_shards=2, steps=3)
+    assert (row["shards"], row["steps"], row["block_size"], row["base_budget"]) == (2, 3, 256, 4)
+    assert 1.0 <= row["imbalance_after_mean"] <= row["imbalance_before_max"]

@@ -76,7 +76,7 @@ class MobaBlockSizes:
   def fit(self, block_size: int, head_dim: int) -> "MobaBlockSizes":
     """Shrinks the key tiles to block_size when a block is smaller than a tile, and decides
     skip_full_masks where it is None (by head_dim)."""
-    skip = head_dim <= 64 if self.skip_full_masks is None else self.skip_full_masks
+    skip = head_dim <= 64 if self.skip_full_masks is None else bool(self.skip_full_masks)
     return dataclasses.replace(self, block_k=min(self.block_k, block_size),
                                block_k_dkv=min(self.block_k_dkv, block_size),
                                skip_full_masks=skip)
@@ -95,6 +95,8 @@ def _num_key_tiles(pos_R, base, block_size, block_k):
 
 def _masked_or_full(full, run, init, skip_full_masks: bool):
   """run(masked=True)(init), or where the chunk is full and skipping is on, the unmasked copy."""
+  if not isinstance(skip_full_masks, bool):  # None must have been decided by MobaBlockSizes.fit
+    raise TypeError(f"skip_full_masks={skip_full_masks!r}: call MobaBlockSizes.fit first")
   if not skip_full_masks:
     return run(True)(init)
   return lax.cond(full != 0, run(False), run(True), init)

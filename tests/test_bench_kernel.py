@@ -1,0 +1,34 @@
+"""experiments/bench_kernel.py's variant syntax (the script itself runs on the GPU machine)."""
+
+import pytest
+
+from experiments.bench_kernel import parse_variant, variant_tag
+from pallas_kernels.moba import MobaBlockSizes
+
+
+def test_variant_fields():
+  bs = parse_variant("64,32,128,4,3")
+  assert (bs.block_rows, bs.block_k, bs.block_k_dkv, bs.num_warps, bs.num_stages) == (
+      64, 32, 128, 4, 3)
+  assert (bs.num_warps_bwd, bs.num_stages_bwd) == (4, 3)  # the backward follows the forward
+  assert bs.skip_full_masks is None  # decided by head_dim
+  assert parse_variant("64,64,64,4,2,1").skip_full_masks is True
+  assert parse_variant("64,64,64,4,2,0").skip_full_masks is False
+  assert parse_variant("64,64,64,4,2,a").skip_full_masks is None
+  bs = parse_variant("64,64,64,4,2,0,8,1")
+  assert (bs.num_warps, bs.num_stages, bs.num_warps_bwd, bs.num_stages_bwd) == (4, 2, 8, 1)
+
+
+@pytest.mark.parametrize("text", ["a,64,64,4,2", "64,64,64,4,2,2", "64,64,64,4,2,1,a,2",
+                                  "64,64,64,4", "64,64,64,4,2,1,8"])
+def test_bad_variants_are_refused(text):
+  with pytest.raises(ValueError, match="variant"):
+    parse_variant(text)
+
+
+def test_tag_names_the_decided_variant():
+  auto = parse_variant("64,64,64,4,2")
+  assert variant_tag(auto.fit(256, 64)) == "r64_k64_kd64_w4_s2_skipfull"
+  assert variant_tag(auto.fit(512, 128)) == "r64_k64_kd64_w4_s2"
+  assert variant_tag(MobaBlockSizes(num_warps_bwd=8, num_stages_bwd=1).fit(512, 128)) == (
+      "r64_k64_kd64_w4_s2_bw8_bs1")
