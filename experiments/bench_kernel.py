@@ -133,7 +133,8 @@ def bench_moba(t, block, ks, k_max, hq, hkv, d, bs, reps, kind="moba", gate=True
   gate_fn = jax.jit(lambda q, k_, budget: build_kv_layout(
       attention._fused_gate(q, k_, seg, budget, block_size=block, k_max=k_max,
                             interpret=INTERPRET), seg,
-      num_blocks=t // block, group_size=hq // hkv, block_rows=bs.block_rows))
+      num_blocks=t // block, group_size=hq // hkv, block_rows=bs.block_rows,
+      mark_full=bs.fit(block, d).skip_full_masks))
   rows = []
   for k in ks:
     budget = jnp.asarray([k], jnp.int32)
@@ -180,7 +181,8 @@ def profile_stages(t, block, k, hq, hkv, d, variants, reps):
   for bs in (v.fit(block, d) for v in variants):
     tag = variant_tag(bs)
     lay_fn = jax.jit(lambda sel: build_kv_layout(sel, seg, num_blocks=n, group_size=gh,
-                                                 block_rows=bs.block_rows))
+                                                 block_rows=bs.block_rows,
+                                                 mark_full=bs.skip_full_masks))
     row[f"layout_ms_{tag}"] = timeit(lay_fn, sel, reps=reps)
     lay = lay_fn(sel)
     q_flat, do_flat = q.reshape(1, t * hq, d), do.reshape(1, t * hq, d)

@@ -147,3 +147,12 @@ def test_full_chunks_attend_every_pair():
     assert full[bi, gi, c] == attended.all(), (bi, gi, c)
   assert np.all(full[cb < 0] == 0)
   assert full.sum() > 0 and (full == 0).sum() > 0
+
+  # Without marks (kernels that mask every chunk) the flag is all zero; nothing else changes.
+  plain = gating.build_kv_layout(sel, seg, num_blocks=t // block_size, group_size=2,
+                                 block_rows=r, mark_full=False)
+  assert not np.asarray(plain.chunk_full_BGC).any()
+  for field in ("row_src_BGL", "row_seg_BGL", "row_pos_BGL", "entry_row_BGTK", "chunk_block_BGC",
+                "block_chunks_BGN2"):
+    np.testing.assert_array_equal(np.asarray(getattr(plain, field)),
+                                  np.asarray(getattr(lay, field)))

@@ -143,6 +143,6 @@ def moba_attention(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, budget_B, *, block_si
                     interpret=interpret)
   layout = gating.build_kv_layout(sel, segment_ids_BT, num_blocks=q_BTHD.shape[1] // block_size,
                                   group_size=q_BTHD.shape[2] // k_BTKD.shape[2],
-                                  block_rows=bs.block_rows)
+                                  block_rows=bs.block_rows, mark_full=bs.skip_full_masks)
   return _moba_core(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, ok_B, sel, layout, block_size, bs,
                     interpret, forward_kernel)

@@ -303,12 +303,13 @@ def _count_reads_up_to(sel_BGTK, n: int, chunk: int = 128) -> jax.Array:
 
 
 def build_kv_layout(sel: MobaSelection, segment_ids_BT: jax.Array, *, num_blocks: int,
-                    group_size: int, block_rows: int) -> MobaKVLayout:
+                    group_size: int, block_rows: int, mark_full: bool = True) -> MobaKVLayout:
   """Transpose the selection into the KV-centric sorted-row layout the kernels read.
 
   Sort-free: a token's rank among the tokens that read block j is a count over
   the (token, block) selection bitmap (see _count_reads_up_to), a few passes over
-  [T, N] instead of a sort of T * k_max keys.
+  [T, N] instead of a sort of T * k_max keys. mark_full=False leaves chunk_full_BGC all
+  zero (every chunk masked) and skips computing it: for kernels that do not skip masks.
   """
   sel_BGTK = jnp.transpose(sel.selected_BTGK, (0, 2, 1, 3))
   b, g, t, kmax = sel_BGTK.shape
@@ -346,16 +347,28 @@ def build_kv_layout(sel: MobaSelection, segment_ids_BT: jax.Array, *, num_blocks
   chunk_block_BGC = jnp.where(blk_BGC < n, blk_BGC, -1).astype(jnp.int32)
   block_chunks_BGN2 = jnp.stack([row_start_BGN // r, row_end_BGN // r], axis=-1).astype(jnp.int32)
   row_pos_BGL = jnp.where(has_tok_BGL, tok_BGL, t)  # padding rows sort last in their run
+  if mark_full:
+    chunk_full_BGC = _full_chunks(chunk_block_BGC, row_seg_BGL, row_pos_BGL, segment_ids_BT,
+                                  num_blocks=n, block_rows=r)
+  else:
+    chunk_full_BGC = jnp.zeros_like(chunk_block_BGC)
+  return MobaKVLayout(row_src_BGL=row_src_BGL, row_seg_BGL=row_seg_BGL, row_pos_BGL=row_pos_BGL,
+                      entry_row_BGTK=entry_row_BGTK, chunk_block_BGC=chunk_block_BGC,
+                      chunk_full_BGC=chunk_full_BGC, block_chunks_BGN2=block_chunks_BGN2)
+
+
+def _full_chunks(chunk_block_BGC, row_seg_BGL, row_pos_BGL, segment_ids_BT, *, num_blocks,
+                 block_rows) -> jax.Array:
+  """int32 [B, G, C]: 1 where a chunk attends every pair of its block (MobaKVLayout)."""
+  b, g, c = chunk_block_BGC.shape
+  n, r, t = num_blocks, block_rows, segment_ids_BT.shape[1]
   seg_BNS = segment_ids_BT.astype(jnp.int32).reshape(b, n, t // n)
   blk_seg_BN, blk_mixed_BN = seg_BNS[..., 0], (seg_BNS != seg_BNS[..., :1]).any(-1)
-  rseg_BGCR = row_seg_BGL.reshape(b, g, num_chunks, r)
+  rseg_BGCR = row_seg_BGL.reshape(b, g, c, r)
   j_BGC = jnp.maximum(chunk_block_BGC, 0)
   full_BGC = ((chunk_block_BGC >= 0) & (rseg_BGCR == rseg_BGCR[..., :1]).all(-1)
               & (rseg_BGCR[..., 0] != 0)
               & (rseg_BGCR[..., 0] == jnp.take_along_axis(blk_seg_BN[:, None], j_BGC, axis=-1))
               & ~jnp.take_along_axis(blk_mixed_BN[:, None], j_BGC, axis=-1)
-              & (row_pos_BGL.reshape(b, g, num_chunks, r).min(-1) // (t // n) > j_BGC))
-  return MobaKVLayout(row_src_BGL=row_src_BGL, row_seg_BGL=row_seg_BGL, row_pos_BGL=row_pos_BGL,
-                      entry_row_BGTK=entry_row_BGTK, chunk_block_BGC=chunk_block_BGC,
-                      chunk_full_BGC=full_BGC.astype(jnp.int32),
-                      block_chunks_BGN2=block_chunks_BGN2)
+              & (row_pos_BGL.reshape(b, g, c, r).min(-1) // (t // n) > j_BGC))
+  return full_BGC.astype(jnp.int32)

@@ -59,8 +59,8 @@ class MobaBlockSizes:
   num_stages_bwd: int = 2
   # Run chunks the layout marks full (every pair attended: chunk_full_BGC) without the
   # per-element mask, in a second copy of each loop. None: on for head_dim <= 64, where the
-  # mask is a larger share of a tile's work (H200, 14/2 heads x 64, block 256: fwd+bwd 7% faster
-  # at k = 8 and 16), off above (16/16 x 128, block 512: 1-3% slower at k = 3, 8, 16).
+  # mask is a larger share of a tile's work (H200, 14/2 heads x 64, block 256: fwd+bwd 4-9%
+  # faster at k = 8 and 16 in three runs), off above (16/16 x 128, block 512: 1-4% slower).
   skip_full_masks: bool | None = None
 
   def check(self, block_size: int) -> None:
