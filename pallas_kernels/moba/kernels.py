@@ -62,6 +62,10 @@ class MobaBlockSizes:
   # mask is a larger share of a tile's work (H200, 14/2 heads x 64, block 256: fwd+bwd 4-9%
   # faster at k = 8 and 16 in three runs), off above (16/16 x 128, block 512: 1-4% slower).
   skip_full_masks: bool | None = None
+  # Softmax exponentials as one special-function instruction each (PTX ex2.approx.ftz)
+  # instead of libdevice's exp2f, which the Triton lowering calls for jnp.exp2 and which
+  # reduces the range on the ALU first. Compiled kernels only: interpret mode runs jnp.exp2.
+  fast_exp2: bool = True
 
   def check(self, block_size: int) -> None:
     for name in ("block_rows", "block_k", "block_k_dkv"):
@@ -80,6 +84,17 @@ class MobaBlockSizes:
     return dataclasses.replace(self, block_k=min(self.block_k, block_size),
                                block_k_dkv=min(self.block_k_dkv, block_size),
                                skip_full_masks=skip)
+
+
+def _exp2(x, fast: bool):
+  """2**x in float32. fast: ex2.approx.ftz.f32 (relative error ~2^-22; results below 2^-126
+  flush to 0, which a softmax cannot tell from underflow)."""
+  if not fast:
+    return jnp.exp2(x)
+  (y,) = plgpu.elementwise_inline_asm(
+      "ex2.approx.ftz.f32 $0, $1;", args=[x], constraints="=f,f", pack=1,
+      result_shape_dtypes=[jax.ShapeDtypeStruct(x.shape, jnp.float32)])
+  return y
 
 
 def _mask(seg_R, pos_R, kseg_K, kpos_K):
@@ -103,7 +118,7 @@ def _masked_or_full(full, run, init, skip_full_masks: bool):
 
 
 def _fwd_kernel(cb_ref, full_ref, src_ref, seg_ref, pos_ref, q_ref, k_ref, v_ref, kseg_ref, o_ref,
-                lse_ref, *, sm_scale, block_size, block_k, skip_full_masks):
+                lse_ref, *, sm_scale, block_size, block_k, skip_full_masks, fast_exp2):
   j = cb_ref[0]
 
   @pl.when(j >= 0)
@@ -126,7 +141,7 @@ def _fwd_kernel(cb_ref, full_ref, src_ref, seg_ref, pos_ref, q_ref, k_ref, v_ref
           s = jnp.where(_mask(seg, pos, kseg_ref[ks], kpos), s, _MASK)
         m_next = jnp.maximum(m_prev, s.max(axis=-1))
         corr = jnp.exp2(m_prev - m_next)
-        p = jnp.exp2(s - m_next[:, None])
+        p = _exp2(s - m_next[:, None], fast_exp2)
         l_next = l_prev * corr + p.sum(axis=-1)
         v = v_ref[ks, :]
         acc = acc * corr[:, None] + plgpu.dot(p.astype(v.dtype), v)
@@ -141,7 +156,8 @@ def _fwd_kernel(cb_ref, full_ref, src_ref, seg_ref, pos_ref, q_ref, k_ref, v_ref
 
 
 def _dq_kernel(cb_ref, full_ref, src_ref, seg_ref, pos_ref, q_ref, do_ref, lse_ref, delta_ref,
-               k_ref, v_ref, kseg_ref, dq_ref, *, sm_scale, block_size, block_k, skip_full_masks):
+               k_ref, v_ref, kseg_ref, dq_ref, *, sm_scale, block_size, block_k, skip_full_masks,
+               fast_exp2):
   j = cb_ref[0]
 
   @pl.when(j >= 0)
@@ -149,7 +165,7 @@ def _dq_kernel(cb_ref, full_ref, src_ref, seg_ref, pos_ref, q_ref, do_ref, lse_r
     r, d = dq_ref.shape
     src = src_ref[...]
     q, do = q_ref[src], do_ref[src]
-    lse, delta = lse_ref[src], delta_ref[src]
+    lse2, delta = lse_ref[src] * _LOG2E, delta_ref[src]
     seg, pos = seg_ref[...], pos_ref[...]
     base = j * block_size
 
@@ -159,8 +175,8 @@ def _dq_kernel(cb_ref, full_ref, src_ref, seg_ref, pos_ref, q_ref, do_ref, lse_r
       def body(i, dq):
         ks = pl.ds(base + i * block_k, block_k)
         k, v = k_ref[ks, :], v_ref[ks, :]
-        s = plgpu.dot(q, k, trans_b=True) * sm_scale
-        p = jnp.exp(s - lse[:, None])
+        s = plgpu.dot(q, k, trans_b=True) * (sm_scale * _LOG2E)
+        p = _exp2(s - lse2[:, None], fast_exp2)
         if masked:
           kpos = base + i * block_k + jnp.arange(block_k, dtype=jnp.int32)
           p = jnp.where(_mask(seg, pos, kseg_ref[ks], kpos), p, 0.0)
@@ -175,7 +191,7 @@ def _dq_kernel(cb_ref, full_ref, src_ref, seg_ref, pos_ref, q_ref, do_ref, lse_r
 
 def _dkv_kernel(bc_ref, skip_ref, full_ref, src_ref, seg_ref, pos_ref, q_ref, do_ref, lse_ref,
                 delta_ref, k_ref, v_ref, kseg_ref, dk_ref, dv_ref, *, sm_scale, block_k, block_rows,
-                group_size, skip_full_masks):
+                group_size, skip_full_masks, fast_exp2):
   # A block's run starts with its own tokens' rows in position order; the chunks
   # holding only own rows before this key tile are causally masked: skip them.
   first = bc_ref[0] + (skip_ref[0] * group_size) // block_rows
@@ -190,14 +206,15 @@ def _dkv_kernel(bc_ref, skip_ref, full_ref, src_ref, seg_ref, pos_ref, q_ref, do
     src = src_ref[rs]
     q, do = q_ref[src], do_ref[src]
     lse, delta = lse_ref[src], delta_ref[src]
-    s = plgpu.dot(q, k, trans_b=True) * sm_scale
+    s = plgpu.dot(q, k, trans_b=True) * (sm_scale * _LOG2E)
 
     def run(masked):
       if not masked:
         return lambda p: p
       return lambda p: jnp.where(_mask(seg_ref[rs], pos_ref[rs], kseg, kpos), p, 0.0)
 
-    p = _masked_or_full(full_ref[c], run, jnp.exp(s - lse[:, None]), skip_full_masks)
+    p = _exp2(s - lse[:, None] * _LOG2E, fast_exp2)
+    p = _masked_or_full(full_ref[c], run, p, skip_full_masks)
     dv = dv + plgpu.dot(p.astype(do.dtype), do, trans_a=True)
     dp = plgpu.dot(do, v, trans_b=True)
     ds = p * (dp - delta[:, None])
@@ -322,7 +339,8 @@ def moba_forward_rows(q_BSD, layout, k_BTKD, v_BTKD, segment_ids_BT, *, block_si
   bs = bs.fit(block_size, d)  # as moba_attention does (idempotent)
   r = bs.block_rows
   kernel = functools.partial(_fwd_kernel, sm_scale=1.0 / math.sqrt(d), block_size=block_size,
-                             block_k=bs.block_k, skip_full_masks=bs.skip_full_masks)
+                             block_k=bs.block_k, skip_full_masks=bs.skip_full_masks,
+                             fast_exp2=bs.fast_exp2 and not interpret)
   return _chunk_program(
       kernel, layout, [q_BSD], k_BTKD, v_BTKD, segment_ids_BT, block_rows=r,
       out_specs=[_rows_spec(r, d), _rows_spec(r)],
@@ -340,7 +358,8 @@ def moba_dq_rows(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segmen
   bs = bs.fit(block_size, d)  # as moba_attention does (idempotent)
   r = bs.block_rows
   kernel = functools.partial(_dq_kernel, sm_scale=1.0 / math.sqrt(d), block_size=block_size,
-                             block_k=bs.block_k, skip_full_masks=bs.skip_full_masks)
+                             block_k=bs.block_k, skip_full_masks=bs.skip_full_masks,
+                             fast_exp2=bs.fast_exp2 and not interpret)
   return _chunk_program(
       kernel, layout, [q_BSD, do_BSD, lse_BS, delta_BS], k_BTKD, v_BTKD, segment_ids_BT,
       block_rows=r, out_specs=_rows_spec(r, d),
@@ -363,7 +382,8 @@ def moba_dkv(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_id
   gh = s // t // g
   kernel = functools.partial(_dkv_kernel, sm_scale=1.0 / math.sqrt(d), block_k=tk,
                              block_rows=bs.block_rows, group_size=gh,
-                             skip_full_masks=bs.skip_full_masks)
+                             skip_full_masks=bs.skip_full_masks,
+                             fast_exp2=bs.fast_exp2 and not interpret)
   # Non-padding keys of the block before each key tile (= own query tokens before it).
   nonpad_BNP = (segment_ids_BT != 0).astype(jnp.int32).reshape(b, t // tk, tk).sum(-1).reshape(
       b, t // block_size, tiles_per_block)

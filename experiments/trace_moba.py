@@ -1,0 +1,130 @@
+"""Where one MoBA forward+backward spends GPU time: every kernel of the jitted step, from a
+profiler trace (the attention kernels, the gate, the layout passes, XLA's merge and gather
+fusions), not just the three Pallas kernels that bench_kernel.py --profile times alone.
+
+    PYTHONUNBUFFERED=1 python3 experiments/trace_moba.py --seq 32768 --block 512 --k 3 \\
+        --heads h128 --out $OUT/trace_h128.json
+
+Runs the step to warm up, traces --reps more under `jax.profiler.trace`, and sums the device
+events of the GPU's stream threads by kernel name. Then traces the gating alone (the fused gate
+kernel, the selection and the KV layout, jitted by themselves) the same way, so the gating's
+share of the step is a ratio of GPU times, free of the dispatch and synchronisation a wall
+clock adds to a sub-millisecond call. Prints one table (ms per step, share of the summed
+kernel time) and writes it, with every thread's total, to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import glob
+import gzip
+import json
+import os
+import sys
+import tempfile
+
+import jax
+import jax.numpy as jnp
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from experiments.bench_kernel import HEADS, fwd_bwd, inputs, parse_variant  # noqa: E402
+from pallas_kernels.moba import MobaBlockSizes, build_kv_layout, moba_attention  # noqa: E402
+from pallas_kernels.moba.attention import _fused_gate  # noqa: E402
+
+
+def device_kernel_times(trace: dict) -> tuple[dict[str, tuple[float, int]], dict[str, float]]:
+  """({kernel name: (total microseconds, count)}, {thread: total microseconds}) over the
+  'Stream ...' threads of '/device:GPU...' processes of a Chrome-format trace. Derived
+  timelines of the same process ('XLA Ops', 'XLA Modules') repeat the kernels' time and are
+  only reported per thread."""
+  events = trace["traceEvents"]
+  gpu_pids = {e["pid"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"
+              and str(e["args"].get("name", "")).startswith("/device:GPU")}
+  if not gpu_pids:
+    raise ValueError("the trace holds no /device:GPU process (no GPU kernels were traced)")
+  threads = {(e["pid"], e["tid"]): str(e["args"].get("name", "")) for e in events
+             if e.get("ph") == "M" and e.get("name") == "thread_name" and e["pid"] in gpu_pids}
+  kernels: dict[str, list] = collections.defaultdict(lambda: [0.0, 0])
+  per_thread: dict[str, float] = collections.defaultdict(float)
+  for e in events:
+    if e.get("ph") != "X" or e.get("pid") not in gpu_pids:
+      continue
+    thread = threads.get((e["pid"], e.get("tid")), "?")
+    per_thread[thread] += float(e.get("dur", 0.0))
+    if thread.startswith("Stream"):
+      kernels[e["name"]][0] += float(e.get("dur", 0.0))
+      kernels[e["name"]][1] += 1
+  return {k: (v[0], v[1]) for k, v in kernels.items()}, dict(per_thread)
+
+
+def load_trace(log_dir: str) -> dict:
+  (path,) = glob.glob(os.path.join(log_dir, "plugins", "profile", "*", "*.trace.json.gz"))
+  with gzip.open(path, "rt") as f:
+    return json.load(f)
+
+
+def traced_kernel_us(fn, *args, reps: int):
+  """device_kernel_times of reps calls of fn(*args) after one warm-up call, and per thread."""
+  jax.block_until_ready(fn(*args))
+  with tempfile.TemporaryDirectory() as log_dir:
+    with jax.profiler.trace(log_dir):
+      for _ in range(reps):
+        jax.block_until_ready(fn(*args))
+    return device_kernel_times(load_trace(log_dir))
+
+
+def main():
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  p.add_argument("--seq", type=int, default=32768)
+  p.add_argument("--block", type=int, default=512)
+  p.add_argument("--k", type=int, default=3)
+  p.add_argument("--heads", default="h128", choices=list(HEADS))
+  p.add_argument("--variant", default=None, help="bench_kernel.py variant syntax; default tiles")
+  p.add_argument("--reps", type=int, default=5)
+  p.add_argument("--out", default=None)
+  p.add_argument("--interpret", action="store_true", help="Pallas interpret mode (CPU smoke)")
+  args = p.parse_args()
+  hq, hkv, d = HEADS[args.heads]
+  q, k, v, do = inputs(0, 1, args.seq, hq, hkv, d, jnp.bfloat16)
+  seg = jnp.ones((1, args.seq), jnp.int32)
+  budget = jnp.asarray([args.k], jnp.int32)
+  bs = parse_variant(args.variant) if args.variant else None
+  step = fwd_bwd(lambda q, k, v: moba_attention(q, k, v, seg, budget, block_size=args.block,
+                                                k_max=args.k, block_sizes=bs,
+                                                interpret=args.interpret))
+  kernels, per_thread = traced_kernel_us(step, q, k, v, do, reps=args.reps)
+  fitted = (bs or MobaBlockSizes()).fit(args.block, d)
+
+  @jax.jit
+  def gating(q, k, budget):
+    sel = _fused_gate(q, k, seg, budget, block_size=args.block, k_max=args.k,
+                      interpret=args.interpret)
+    return build_kv_layout(sel, seg, num_blocks=args.seq // args.block, group_size=hq // hkv,
+                           block_rows=fitted.block_rows, mark_full=fitted.skip_full_masks)
+
+  gate_kernels, _ = traced_kernel_us(gating, q, k, budget, reps=args.reps)
+  total = sum(us for us, _ in kernels.values())
+  gate_total = sum(us for us, _ in gate_kernels.values())
+  rows = sorted(({"kernel": name, "ms_per_step": us / args.reps / 1e3,
+                  "launches_per_step": n / args.reps, "share": us / total}
+                 for name, (us, n) in kernels.items()), key=lambda r: -r["ms_per_step"])
+  result = {"seq": args.seq, "block": args.block, "k": args.k, "heads": args.heads,
+            "variant": args.variant, "reps": args.reps, "device": jax.devices()[0].device_kind,
+            "kernel_ms_per_step": total / args.reps / 1e3, "rows": rows,
+            "gating_kernel_ms": gate_total / args.reps / 1e3, "gating_share": gate_total / total,
+            "gating_rows": {n: us / args.reps / 1e3 for n, (us, _) in gate_kernels.items()},
+            "thread_ms_per_step": {t: us / args.reps / 1e3 for t, us in per_thread.items()}}
+  if args.out:
+    with open(args.out, "w") as f:
+      json.dump(result, f, indent=1)
+  print(f"{args.heads} S={args.seq} block {args.block} k={args.k}: kernels "
+        f"{result['kernel_ms_per_step']:.3f} ms per fwd+bwd step; gating alone "
+        f"{result['gating_kernel_ms']:.3f} ms ({100 * result['gating_share']:.1f}%)")
+  for r in rows:
+    print(f"  {r['ms_per_step']:7.3f} ms {100 * r['share']:5.1f}%  x{r['launches_per_step']:g}  "
+          f"{r['kernel'][:90]}")
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,37 @@
+"""The trace reader of experiments/trace_moba.py on a hand-made Chrome-format trace."""
+
+import pytest
+
+from experiments.trace_moba import device_kernel_times
+
+
+def _meta(pid, name, tid=None):
+  e = {"ph": "M", "pid": pid, "name": "thread_name" if tid is not None else "process_name",
+       "args": {"name": name}}
+  if tid is not None:
+    e["tid"] = tid
+  return e
+
+
+def _x(pid, tid, name, dur):
+  return {"ph": "X", "pid": pid, "tid": tid, "ts": 0.0, "dur": dur, "name": name}
+
+
+def test_sums_stream_kernels_only():
+  trace = {"traceEvents": [
+      _meta(1, "/host:CPU"), _meta(1, "python", tid=1),
+      _meta(2, "/device:GPU:0"), _meta(2, "Stream #14(Compute)", tid=14),
+      _meta(2, "Stream #15(MemcpyD2D)", tid=15), _meta(2, "XLA Ops", tid=99),
+      _x(1, 1, "PjitFunction(step)", 500.0),            # host: ignored
+      _x(2, 14, "moba_fwd", 100.0), _x(2, 14, "moba_fwd", 110.0),
+      _x(2, 14, "loop_gather_fusion", 7.0), _x(2, 15, "memcpy", 3.0),
+      _x(2, 99, "fusion.1", 210.0),                      # derived line: per thread only
+  ]}
+  kernels, threads = device_kernel_times(trace)
+  assert kernels == {"moba_fwd": (210.0, 2), "loop_gather_fusion": (7.0, 1), "memcpy": (3.0, 1)}
+  assert threads == {"Stream #14(Compute)": 217.0, "Stream #15(MemcpyD2D)": 3.0, "XLA Ops": 210.0}
+
+
+def test_no_gpu_process_is_an_error():
+  with pytest.raises(ValueError, match="no /device:GPU"):
+    device_kernel_times({"traceEvents": [_meta(1, "/host:CPU"), _x(1, 1, "f", 1.0)]})
