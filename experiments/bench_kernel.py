@@ -159,8 +159,7 @@ def variant_tag(bs: MobaBlockSizes) -> str:
   bwd = (f"_bw{bs.num_warps_bwd}_bs{bs.num_stages_bwd}"
          if (bs.num_warps_bwd, bs.num_stages_bwd) != (bs.num_warps, bs.num_stages) else "")
   return (f"r{bs.block_rows}_k{bs.block_k}_kd{bs.block_k_dkv}_w{bs.num_warps}_s{bs.num_stages}"
-          f"{bwd}{'_skipfull' if bs.skip_full_masks else ''}{'' if bs.fast_exp2 else '_libexp2'}"
-          f"{f'_cpp{bs.chunks_per_program}' if bs.chunks_per_program != 1 else ''}")
+          f"{bwd}{'_skipfull' if bs.skip_full_masks else ''}{'' if bs.fast_exp2 else '_libexp2'}")
 
 
 def profile_stages(t, block, k, hq, hkv, d, variants, reps):
@@ -208,30 +207,28 @@ def profile_stages(t, block, k, hq, hkv, d, variants, reps):
 
 
 def parse_variant(text: str) -> MobaBlockSizes:
-  """'rows,k,kdkv,warps,stages[,skip_full_masks[,warps_bwd,stages_bwd[,fast_exp2[,chunks]]]]' ->
+  """'rows,k,kdkv,warps,stages[,skip_full_masks[,warps_bwd,stages_bwd[,fast_exp2]]]' ->
   MobaBlockSizes (skip_full_masks 0, 1 or a = by head_dim, the default; the backward takes the
-  forward's warps and stages unless given; fast_exp2 0 or 1, default 1; chunks: chunks per
-  forward / dq program, default 1)."""
+  forward's warps and stages unless given; fast_exp2 0 or 1, default 1)."""
   fields = text.split(",")
-  if len(fields) not in (5, 6, 8, 9, 10):
+  if len(fields) not in (5, 6, 8, 9):
     raise ValueError(f"variant {text!r}: need rows,k,kdkv,warps,stages"
-                     "[,skip_full_masks[,warps_bwd,stages_bwd[,fast_exp2[,chunks]]]]")
+                     "[,skip_full_masks[,warps_bwd,stages_bwd[,fast_exp2]]]")
   skip = fields[5] if len(fields) >= 6 else "a"
   if skip not in ("0", "1", "a"):
     raise ValueError(f"variant {text!r}: skip_full_masks must be 0, 1 or a, got {skip!r}")
-  fast = fields[8] if len(fields) >= 9 else "1"
+  fast = fields[8] if len(fields) == 9 else "1"
   if fast not in ("0", "1"):
     raise ValueError(f"variant {text!r}: fast_exp2 must be 0 or 1, got {fast!r}")
   try:
     r, kk, kd, w, s, *bwd = (int(x) for i, x in enumerate(fields[:8]) if i != 5)
-    chunks = int(fields[9]) if len(fields) == 10 else 1
   except ValueError:
     raise ValueError(f"variant {text!r}: every field but skip_full_masks is an integer") from None
   wb, sb = bwd or (w, s)
   return MobaBlockSizes(block_rows=r, block_k=kk, block_k_dkv=kd, num_warps=w, num_stages=s,
                         num_warps_bwd=wb, num_stages_bwd=sb,
                         skip_full_masks=None if skip == "a" else skip == "1",
-                        fast_exp2=fast == "1", chunks_per_program=chunks)
+                        fast_exp2=fast == "1")
 
 
 def r_squared(x, y):

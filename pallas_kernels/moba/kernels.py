@@ -68,18 +68,12 @@ class MobaBlockSizes:
   # H200, same process: fwd+bwd 1.9-2.6% faster at 16/16 x 128 (k = 3, 8, 16), 0.8-1.1%
   # slower at 14/2 x 64 (k = 8, 16; one run, inside the noise).
   fast_exp2: bool = True
-  # Chunks per forward / dq program (1 or 2). With 2, a program loads both chunks' rows before
-  # the first chunk's key loop, so the second chunk's dependent loads (row ids, then the
-  # gathered rows) overlap the first chunk's compute instead of starting a program of their own.
-  chunks_per_program: int = 1
 
   def check(self, block_size: int) -> None:
     for name in ("block_rows", "block_k", "block_k_dkv"):
       v = getattr(self, name)
       if v < 16 or v & (v - 1):
         raise ValueError(f"MobaBlockSizes.{name}={v} must be a power of two >= 16")
-    if self.chunks_per_program not in (1, 2):
-      raise ValueError(f"MobaBlockSizes.chunks_per_program={self.chunks_per_program} must be 1 or 2")
     for name in ("block_k", "block_k_dkv"):
       if block_size % getattr(self, name):
         raise ValueError(f"block_size={block_size} must be a multiple of "
@@ -126,27 +120,14 @@ def _masked_or_full(full, run, init, skip_full_masks: bool):
 
 
 def _fwd_kernel(cb_ref, full_ref, src_ref, seg_ref, pos_ref, q_ref, k_ref, v_ref, kseg_ref, o_ref,
-                lse_ref, *, sm_scale, block_size, block_k, skip_full_masks, fast_exp2, chunks):
-  r, d = o_ref.shape[0] // chunks, o_ref.shape[1]
-  rows = [pl.ds(h * r, r) for h in range(chunks)]
-
-  @pl.when(jnp.max(cb_ref[...]) >= 0)  # unused chunks come last: skip all-unused programs
-  def _():
-    # Every chunk's rows are loaded before the first key loop (see chunks_per_program).
-    loaded = [(q_ref[src_ref[rs]], seg_ref[rs], pos_ref[rs]) for rs in rows]
-    for h, rs in enumerate(rows):
-      _fwd_chunk(cb_ref[h], full_ref[h], *loaded[h], k_ref, v_ref, kseg_ref, o_ref, lse_ref, rs,
-                 sm_scale=sm_scale, block_size=block_size, block_k=block_k,
-                 skip_full_masks=skip_full_masks, fast_exp2=fast_exp2)
-
-
-def _fwd_chunk(j, full, q, seg, pos, k_ref, v_ref, kseg_ref, o_ref, lse_ref, rs, *, sm_scale,
-               block_size, block_k, skip_full_masks, fast_exp2):
-  """One chunk (its gathered q rows, their segments and positions) against its block j."""
+                lse_ref, *, sm_scale, block_size, block_k, skip_full_masks, fast_exp2):
+  j = cb_ref[0]
 
   @pl.when(j >= 0)
   def _():
-    r, d = q.shape
+    r, d = o_ref.shape
+    q = q_ref[src_ref[...]]  # gather the chunk's (token, head) rows
+    seg, pos = seg_ref[...], pos_ref[...]
     base = j * block_size
 
     n_tiles = _num_key_tiles(pos, base, block_size, block_k)
@@ -171,37 +152,23 @@ def _fwd_chunk(j, full, q, seg, pos, k_ref, v_ref, kseg_ref, o_ref, lse_ref, rs,
 
     init = (jnp.zeros((r, d), jnp.float32), jnp.full((r,), _MASK, jnp.float32),
             jnp.zeros((r,), jnp.float32))
-    acc, m, l = _masked_or_full(full, run, init, skip_full_masks)
-    o_ref[rs, :] = (acc / l[:, None]).astype(o_ref.dtype)
-    lse_ref[rs] = (m + jnp.log2(l)) / _LOG2E  # natural-log lse
+    acc, m, l = _masked_or_full(full_ref[0], run, init, skip_full_masks)
+    o_ref[...] = (acc / l[:, None]).astype(o_ref.dtype)
+    lse_ref[...] = (m + jnp.log2(l)) / _LOG2E  # natural-log lse
 
 
 def _dq_kernel(cb_ref, full_ref, src_ref, seg_ref, pos_ref, q_ref, do_ref, lse_ref, delta_ref,
                k_ref, v_ref, kseg_ref, dq_ref, *, sm_scale, block_size, block_k, skip_full_masks,
-               fast_exp2, chunks):
-  r = dq_ref.shape[0] // chunks
-  rows = [pl.ds(h * r, r) for h in range(chunks)]
-
-  @pl.when(jnp.max(cb_ref[...]) >= 0)
-  def _():
-    def load(rs):
-      src = src_ref[rs]
-      return (q_ref[src], do_ref[src], lse_ref[src] * _LOG2E, delta_ref[src], seg_ref[rs],
-              pos_ref[rs])
-    loaded = [load(rs) for rs in rows]  # see chunks_per_program
-    for h, rs in enumerate(rows):
-      _dq_chunk(cb_ref[h], full_ref[h], *loaded[h], k_ref, v_ref, kseg_ref, dq_ref, rs,
-                sm_scale=sm_scale, block_size=block_size, block_k=block_k,
-                skip_full_masks=skip_full_masks, fast_exp2=fast_exp2)
-
-
-def _dq_chunk(j, full, q, do, lse2, delta, seg, pos, k_ref, v_ref, kseg_ref, dq_ref, rs, *,
-              sm_scale, block_size, block_k, skip_full_masks, fast_exp2):
-  """One chunk's partial dq against its block j (lse2: the rows' lse in base 2)."""
+               fast_exp2):
+  j = cb_ref[0]
 
   @pl.when(j >= 0)
   def _():
-    r, d = q.shape
+    r, d = dq_ref.shape
+    src = src_ref[...]
+    q, do = q_ref[src], do_ref[src]
+    lse2, delta = lse_ref[src] * _LOG2E, delta_ref[src]
+    seg, pos = seg_ref[...], pos_ref[...]
     base = j * block_size
 
     n_tiles = _num_key_tiles(pos, base, block_size, block_k)
@@ -220,8 +187,8 @@ def _dq_chunk(j, full, q, do, lse2, delta, seg, pos, k_ref, v_ref, kseg_ref, dq_
         return dq + plgpu.dot(ds.astype(k.dtype), k)
       return lambda init: lax.fori_loop(0, n_tiles, body, init)
 
-    dq = _masked_or_full(full, run, jnp.zeros((r, d), jnp.float32), skip_full_masks)
-    dq_ref[rs, :] = (dq * sm_scale).astype(dq_ref.dtype)
+    dq = _masked_or_full(full_ref[0], run, jnp.zeros((r, d), jnp.float32), skip_full_masks)
+    dq_ref[...] = (dq * sm_scale).astype(dq_ref.dtype)
 
 
 def _dkv_kernel(bc_ref, skip_ref, full_ref, src_ref, seg_ref, pos_ref, q_ref, do_ref, lse_ref,
@@ -339,20 +306,20 @@ def _full_spec(shape):
   return pl.BlockSpec((None, *shape), lambda b, g, c: (b,) + (0,) * len(shape))
 
 
-def _chunk_program(kernel, layout, token_arrays, k_BTKD, v_BTKD, segment_ids_BT, *, rows,
-                   chunks, out_specs, out_shape, num_warps, num_stages, interpret, name):
-  """One program per (row, KV group, `chunks` consecutive chunks of `rows` sorted rows in all).
-  The kernel takes the chunks' block ids and full flags, their rows' sources / segments /
-  positions, then the whole per-token arrays (it gathers its rows from them), K and V (it reads
-  its blocks' tiles), and the key segment ids, followed by its outputs."""
+def _chunk_program(kernel, layout, token_arrays, k_BTKD, v_BTKD, segment_ids_BT, *, block_rows,
+                   out_specs, out_shape, num_warps, num_stages, interpret, name):
+  """One program per (row, KV group, chunk of block_rows sorted rows). The kernel takes the
+  chunk's block id and full flag, its rows' sources / segments / positions, then the whole per-token
+  arrays (it gathers its rows from them), K and V (it reads its block's tiles), and the key
+  segment ids, followed by its outputs."""
   b, g, l = layout.row_src_BGL.shape
   t, d = k_BTKD.shape[1], k_BTKD.shape[-1]
-  r = rows
+  r = block_rows
   kv_spec = pl.BlockSpec((None, t, None, d), lambda b_, g_, c: (b_, 0, g_, 0))
   return pl.pallas_call(
       kernel,
       grid=(b, g, l // r),
-      in_specs=[_rows_spec(chunks), _rows_spec(chunks), _rows_spec(r), _rows_spec(r), _rows_spec(r),
+      in_specs=[_rows_spec(1), _rows_spec(1), _rows_spec(r), _rows_spec(r), _rows_spec(r),
                 *(_full_spec(x.shape[1:]) for x in token_arrays), kv_spec, kv_spec,
                 _full_spec((t,))],
       out_specs=out_specs,
@@ -372,13 +339,12 @@ def moba_forward_rows(q_BSD, layout, k_BTKD, v_BTKD, segment_ids_BT, *, block_si
   b, _, d = q_BSD.shape
   _, g, l = layout.row_src_BGL.shape
   bs = bs.fit(block_size, d)  # as moba_attention does (idempotent)
-  cpp = bs.chunks_per_program
-  r = bs.block_rows * cpp
+  r = bs.block_rows
   kernel = functools.partial(_fwd_kernel, sm_scale=1.0 / math.sqrt(d), block_size=block_size,
                              block_k=bs.block_k, skip_full_masks=bs.skip_full_masks,
-                             fast_exp2=bs.fast_exp2 and not interpret, chunks=cpp)
+                             fast_exp2=bs.fast_exp2 and not interpret)
   return _chunk_program(
-      kernel, layout, [q_BSD], k_BTKD, v_BTKD, segment_ids_BT, rows=r, chunks=cpp,
+      kernel, layout, [q_BSD], k_BTKD, v_BTKD, segment_ids_BT, block_rows=r,
       out_specs=[_rows_spec(r, d), _rows_spec(r)],
       out_shape=[jax.ShapeDtypeStruct((b, g, l, d), q_BSD.dtype),
                  jax.ShapeDtypeStruct((b, g, l), jnp.float32)],
@@ -392,14 +358,13 @@ def moba_dq_rows(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segmen
   b, _, d = q_BSD.shape
   _, g, l = layout.row_src_BGL.shape
   bs = bs.fit(block_size, d)  # as moba_attention does (idempotent)
-  cpp = bs.chunks_per_program
-  r = bs.block_rows * cpp
+  r = bs.block_rows
   kernel = functools.partial(_dq_kernel, sm_scale=1.0 / math.sqrt(d), block_size=block_size,
                              block_k=bs.block_k, skip_full_masks=bs.skip_full_masks,
-                             fast_exp2=bs.fast_exp2 and not interpret, chunks=cpp)
+                             fast_exp2=bs.fast_exp2 and not interpret)
   return _chunk_program(
       kernel, layout, [q_BSD, do_BSD, lse_BS, delta_BS], k_BTKD, v_BTKD, segment_ids_BT,
-      rows=r, chunks=cpp, out_specs=_rows_spec(r, d),
+      block_rows=r, out_specs=_rows_spec(r, d),
       out_shape=jax.ShapeDtypeStruct((b, g, l, d), q_BSD.dtype),
       num_warps=bs.num_warps_bwd, num_stages=bs.num_stages_bwd, interpret=interpret,
       name="moba_dq")
