@@ -157,6 +157,114 @@ def _fwd_kernel(cb_ref, full_ref, src_ref, seg_ref, pos_ref, q_ref, k_ref, v_ref
     lse_ref[...] = (m + jnp.log2(l)) / _LOG2E  # natural-log lse
 
 
+_LAST = 1 << 24  # work-item flag: the chunk's last key tile
+
+
+def _fwd_persistent_kernel(cb_ref, work_ref, total_ref, src_ref, seg_ref, pos_ref, q_ref, k_ref,
+                           v_ref, kseg_ref, o_ref, lse_ref, *, sm_scale, block_size, block_k,
+                           chunk_rows, fast_exp2):
+  """Several chunks per program in one loop over their (chunk, key tile) work items, so the
+  next chunk's row ids, q rows and first tiles load while the current chunk computes (the
+  loop's software pipeline) instead of at the start of a program of its own."""
+  tiles, r, d = block_size // block_k, chunk_rows, o_ref.shape[-1]
+
+  def body(it, carry):
+    acc, m_prev, l_prev = carry
+    w = work_ref[it]
+    last = w >= _LAST
+    w = jnp.where(last, w - _LAST, w)
+    u, i = w // tiles, w % tiles
+    rs = pl.ds(u * r, r)
+    q = q_ref[src_ref[rs]]
+    seg, pos = seg_ref[rs], pos_ref[rs]
+    start = cb_ref[u] * block_size + i * block_k
+    ks = pl.ds(start, block_k)
+    first = i == 0
+    acc = jnp.where(first, 0.0, acc)
+    m_prev = jnp.where(first, _MASK, m_prev)
+    l_prev = jnp.where(first, 0.0, l_prev)
+    s = plgpu.dot(q, k_ref[ks, :], trans_b=True) * (sm_scale * _LOG2E)
+    kpos = start + jnp.arange(block_k, dtype=jnp.int32)
+    s = jnp.where(_mask(seg, pos, kseg_ref[ks], kpos), s, _MASK)
+    m_next = jnp.maximum(m_prev, s.max(axis=-1))
+    corr = jnp.exp2(m_prev - m_next)
+    p = _exp2(s - m_next[:, None], fast_exp2)
+    l_next = l_prev * corr + p.sum(axis=-1)
+    v = v_ref[ks, :]
+    acc = acc * corr[:, None] + plgpu.dot(p.astype(v.dtype), v)
+
+    @pl.when(last)
+    def _():
+      o_ref[rs, :] = (acc / l_next[:, None]).astype(o_ref.dtype)
+      lse_ref[rs] = (m_next + jnp.log2(l_next)) / _LOG2E
+
+    return acc, m_next, l_next
+
+  init = (jnp.zeros((r, d), jnp.float32), jnp.full((r,), _MASK, jnp.float32),
+          jnp.zeros((r,), jnp.float32))
+  lax.fori_loop(0, total_ref[0], body, init)
+
+
+def chunk_work_lists(layout, *, block_size: int, block_k: int, chunks: int):
+  """Per program of `chunks` consecutive chunks: its (chunk, key tile) work items in order,
+  int32 [B, G, P, chunks * tiles] (local chunk * tiles + tile, + _LAST on a chunk's last tile),
+  and their count [B, G, P]. Own-block chunks stop after their last query's tile, unused chunks
+  have none - as the one-chunk kernel's loop bounds."""
+  b, g, l = layout.row_pos_BGL.shape
+  c = layout.chunk_block_BGC.shape[-1]
+  tiles = block_size // block_k
+  if c % chunks:
+    raise ValueError(f"{c} chunks per row do not split into programs of {chunks}")
+  cb_BGC = layout.chunk_block_BGC
+  maxpos_BGC = layout.row_pos_BGL.reshape(b, g, c, l // c).max(-1)
+  nt_BGC = jnp.where(cb_BGC >= 0, jnp.minimum(
+      tiles, (maxpos_BGC - jnp.maximum(cb_BGC, 0) * block_size) // block_k + 1), 0)
+  nt_BGPU = nt_BGC.reshape(b, g, c // chunks, chunks)
+  off_BGPU = jnp.cumsum(nt_BGPU, axis=-1) - nt_BGPU
+  w_W = jnp.arange(chunks * tiles, dtype=jnp.int32)
+  # Chunk of slot w: the last one starting at or before it (empty chunks are passed over).
+  u_BGPW = (off_BGPU[..., None, :] <= w_W[:, None]).sum(-1, dtype=jnp.int32) - 1
+  i_BGPW = w_W - jnp.take_along_axis(off_BGPU, u_BGPW, axis=-1)
+  last_BGPW = i_BGPW == jnp.take_along_axis(nt_BGPU, u_BGPW, axis=-1) - 1
+  work_BGPW = (u_BGPW * tiles + i_BGPW + jnp.where(last_BGPW, _LAST, 0)).astype(jnp.int32)
+  return work_BGPW, nt_BGPU.sum(-1).astype(jnp.int32)
+
+
+def moba_forward_rows_persistent(q_BSD, layout, k_BTKD, v_BTKD, segment_ids_BT, *, block_size,
+                                 bs: MobaBlockSizes, interpret: bool, chunks: int = 4):
+  """moba_forward_rows with `chunks` chunks per program (see _fwd_persistent_kernel); every
+  chunk masked (no full-chunk copy of the loop)."""
+  b, _, d = q_BSD.shape
+  _, g, l = layout.row_src_BGL.shape
+  t = k_BTKD.shape[1]
+  bs = bs.fit(block_size, d)
+  r = bs.block_rows
+  work_BGPW, total_BGP = chunk_work_lists(layout, block_size=block_size, block_k=bs.block_k,
+                                          chunks=chunks)
+  w = work_BGPW.shape[-1]
+  rows = lambda n: pl.BlockSpec((None, None, n), lambda b_, g_, p: (b_, g_, p))
+  full = lambda shape: pl.BlockSpec((None, *shape), lambda b_, g_, p: (b_,) + (0,) * len(shape))
+  kv_spec = pl.BlockSpec((None, t, None, d), lambda b_, g_, p: (b_, 0, g_, 0))
+  kernel = functools.partial(_fwd_persistent_kernel, sm_scale=1.0 / math.sqrt(d),
+                             block_size=block_size, block_k=bs.block_k, chunk_rows=r,
+                             fast_exp2=bs.fast_exp2 and not interpret)
+  return pl.pallas_call(
+      kernel,
+      grid=(b, g, l // (chunks * r)),
+      in_specs=[rows(chunks), pl.BlockSpec((None, None, None, w), lambda b_, g_, p: (b_, g_, p, 0)),
+                rows(1), rows(chunks * r), rows(chunks * r), rows(chunks * r),
+                full(q_BSD.shape[1:]), kv_spec, kv_spec, full((t,))],
+      out_specs=[pl.BlockSpec((None, None, chunks * r, d), lambda b_, g_, p: (b_, g_, p, 0)),
+                 rows(chunks * r)],
+      out_shape=[jax.ShapeDtypeStruct((b, g, l, d), q_BSD.dtype),
+                 jax.ShapeDtypeStruct((b, g, l), jnp.float32)],
+      compiler_params=plgpu.CompilerParams(num_warps=bs.num_warps, num_stages=bs.num_stages),
+      interpret=interpret,
+      name="moba_fwd_persistent",
+  )(layout.chunk_block_BGC, work_BGPW, total_BGP, layout.row_src_BGL, layout.row_seg_BGL,
+    layout.row_pos_BGL, q_BSD, k_BTKD, v_BTKD, segment_ids_BT.astype(jnp.int32))
+
+
 def _dq_kernel(cb_ref, full_ref, src_ref, seg_ref, pos_ref, q_ref, do_ref, lse_ref, delta_ref,
                k_ref, v_ref, kseg_ref, dq_ref, *, sm_scale, block_size, block_k, skip_full_masks,
                fast_exp2):
