@@ -81,7 +81,6 @@ def main():
   p.add_argument("--k", type=int, default=3)
   p.add_argument("--heads", default="h128", choices=list(HEADS))
   p.add_argument("--variant", default=None, help="bench_kernel.py variant syntax; default tiles")
-  p.add_argument("--forward-kernel", default="triton", help="moba_attention's forward_kernel")
   p.add_argument("--reps", type=int, default=5)
   p.add_argument("--out", default=None)
   p.add_argument("--interpret", action="store_true", help="Pallas interpret mode (CPU smoke)")
@@ -93,7 +92,6 @@ def main():
   bs = parse_variant(args.variant) if args.variant else None
   step = fwd_bwd(lambda q, k, v: moba_attention(q, k, v, seg, budget, block_size=args.block,
                                                 k_max=args.k, block_sizes=bs,
-                                                forward_kernel=args.forward_kernel,
                                                 interpret=args.interpret))
   kernels, per_thread = traced_kernel_us(step, q, k, v, do, reps=args.reps)
   fitted = (bs or MobaBlockSizes()).fit(args.block, d)

@@ -134,7 +134,6 @@ def main():
   p.add_argument("--k", type=int, default=3)
   p.add_argument("--heads", default="h128", choices=list(HEADS))
   p.add_argument("--variants", default="64,64,64,4,2", help="bench_kernel.py variant syntax")
-  p.add_argument("--forward-kernel", default="triton", help="moba_attention's forward_kernel")
   p.add_argument("--out-dir", required=True)
   p.add_argument("--compile", action="store_true", help="compile with the triton package")
   args = p.parse_args()
@@ -152,7 +151,7 @@ def main():
     def step(q, k, v, do, seg, budget, bs=bs):
       def loss(q, k, v):
         out = moba_attention(q, k, v, seg, budget, block_size=args.block, k_max=args.k,
-                             block_sizes=bs, forward_kernel=args.forward_kernel)
+                             block_sizes=bs)
         return jnp.sum(out.astype(jnp.float32) * do.astype(jnp.float32))
       return jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
 

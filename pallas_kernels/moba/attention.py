@@ -37,8 +37,7 @@ def _group_to_BTH(x_BGTGh, b, t, hq):
   return jnp.moveaxis(x_BGTGh, 1, 2).reshape(b, t, hq, *rest)
 
 
-FORWARD_KERNELS = {"triton": kernels.moba_forward_rows, "mosaic": hopper.moba_forward_rows,
-                   "triton_persistent": kernels.moba_forward_rows_persistent}
+FORWARD_KERNELS = {"triton": kernels.moba_forward_rows, "mosaic": hopper.moba_forward_rows}
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8, 9, 10))

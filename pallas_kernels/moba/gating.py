@@ -314,8 +314,7 @@ def build_kv_layout(sel: MobaSelection, segment_ids_BT: jax.Array, *, num_blocks
   sel_BGTK = jnp.transpose(sel.selected_BTGK, (0, 2, 1, 3))
   b, g, t, kmax = sel_BGTK.shape
   n, gh, r = num_blocks, group_size, block_rows
-  # A whole number of 4-chunk programs (kernels.moba_forward_rows_persistent).
-  cap_rows = -(-(t * kmax * gh + n * (r - 1)) // (4 * r)) * 4 * r
+  cap_rows = -(-(t * kmax * gh + n * (r - 1)) // r) * r
   csum_BGTN = _count_reads_up_to(sel_BGTK, n)
   cnt_BGN = csum_BGTN[:, :, -1]
   padded_BGN = -(-(cnt_BGN * gh) // r) * r
