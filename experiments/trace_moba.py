@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from experiments.bench_kernel import HEADS, fwd_bwd, inputs, parse_variant  # noqa: E402
+from experiments.bench_kernel import HEADS, inputs, parse_variant  # noqa: E402
 from pallas_kernels.moba import MobaBlockSizes, build_kv_layout, moba_attention  # noqa: E402
 from pallas_kernels.moba.attention import _fused_gate  # noqa: E402
 
@@ -59,8 +59,10 @@ def device_kernel_times(trace: dict) -> tuple[dict[str, tuple[float, int]], dict
 
 
 def load_trace(log_dir: str) -> dict:
-  (path,) = glob.glob(os.path.join(log_dir, "plugins", "profile", "*", "*.trace.json.gz"))
-  with gzip.open(path, "rt") as f:
+  paths = glob.glob(os.path.join(log_dir, "plugins", "profile", "*", "*.trace.json.gz"))
+  if len(paths) != 1:
+    raise ValueError(f"expected one *.trace.json.gz under {log_dir}, found {paths}")
+  with gzip.open(paths[0], "rt") as f:
     return json.load(f)
 
 
@@ -90,20 +92,25 @@ def main():
   seg = jnp.ones((1, args.seq), jnp.int32)
   budget = jnp.asarray([args.k], jnp.int32)
   bs = parse_variant(args.variant) if args.variant else None
-  step = fwd_bwd(lambda q, k, v: moba_attention(q, k, v, seg, budget, block_size=args.block,
-                                                k_max=args.k, block_sizes=bs,
-                                                interpret=args.interpret))
-  kernels, per_thread = traced_kernel_us(step, q, k, v, do, reps=args.reps)
+  attend = lambda q, k, v, seg, budget: moba_attention(
+      q, k, v, seg, budget, block_size=args.block, k_max=args.k, block_sizes=bs,
+      interpret=args.interpret)
+  # Segments and budget are arguments, as in a training step (a closed-over constant could be
+  # folded into the compiled program).
+  step = jax.jit(jax.grad(lambda q, k, v, do, seg, budget: jnp.sum(
+      attend(q, k, v, seg, budget).astype(jnp.float32) * do.astype(jnp.float32)),
+      argnums=(0, 1, 2)))
+  kernels, per_thread = traced_kernel_us(step, q, k, v, do, seg, budget, reps=args.reps)
   fitted = (bs or MobaBlockSizes()).fit(args.block, d)
 
   @jax.jit
-  def gating(q, k, budget):
+  def gating(q, k, seg, budget):
     sel = _fused_gate(q, k, seg, budget, block_size=args.block, k_max=args.k,
                       interpret=args.interpret)
     return build_kv_layout(sel, seg, num_blocks=args.seq // args.block, group_size=hq // hkv,
                            block_rows=fitted.block_rows, mark_full=fitted.skip_full_masks)
 
-  gate_kernels, _ = traced_kernel_us(gating, q, k, budget, reps=args.reps)
+  gate_kernels, _ = traced_kernel_us(gating, q, k, seg, budget, reps=args.reps)
   total = sum(us for us, _ in kernels.values())
   gate_total = sum(us for us, _ in gate_kernels.values())
   rows = sorted(({"kernel": name, "ms_per_step": us / args.reps / 1e3,

@@ -10,8 +10,9 @@ wgmma waits sit, asynchronous copies).
 `pip install triton==3.6.0` into any Python 3.12 environment) and runs on CPU. Its compiler is
 upstream Triton, not the fork inside XLA that compiles the kernels on the GPU: shared memory per
 CTA matched Nsight Compute's reading of the XLA-compiled kernels exactly at the headline point
-(82,176 / 98,560 / 107,520 bytes for forward / dq / dk-dv), register counts nearly (161 / 177 /
-255 here against 164 / 236 / 255 there), so read registers as indicative only.
+(82,176 / 98,560 / 107,520 bytes for forward / dq / dk-dv); registers did for the forward and
+dk/dv (161 / 255 here, 164 / 255 there) but not for dq (177 against 236), so read registers as
+indicative only, and the IR as a model of what XLA's fork compiles, not a copy of it.
 
 The TTIR is read from the lowered module's `__gpu$xla.gpu.triton` custom calls (their
 backend_config holds it as MLIR bytecode) and printed with JAX's MLIR context and Triton
@@ -77,7 +78,7 @@ def ttgir_summary(ttgir: str) -> dict:
   waits = re.findall(r"warp_group_dot_wait .*?\{pendings = (\d+)", ttgir)
   return {
       "wgmma_dots": len(re.findall(r"ttng\.warp_group_dot ", ttgir)),
-      "mma_v2_dots": len(re.findall(r"versionMajor = 2", ttgir)),
+      "mma_v2_layouts": len(re.findall(r"nvidia_mma<\{versionMajor = 2", ttgir)),
       "dot_waits": len(waits),
       "dot_waits_pending_0": sum(w == "0" for w in waits),
       "async_copies": len(re.findall(r"async_copy_global_to_local", ttgir)),

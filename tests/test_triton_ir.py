@@ -1,5 +1,7 @@
 """experiments/triton_ir.py: the MoBA kernels lowered to Triton IR for an H200 on a CPU host."""
 
+import os
+
 import jax
 import jax.numpy as jnp
 
@@ -29,16 +31,32 @@ def test_lowers_every_kernel_of_a_training_step():
 
 
 def test_ttgir_summary_reads_waits_and_layouts():
-  ttgir = """
-#mma = #ttg.nvidia_mma<{versionMajor = 3, versionMinor = 0, warpsPerCTA = [8, 1], instrShape = [16, 32, 16]}>
-  %1 = ttng.warp_group_dot %a, %b, %c {isAsync = true} : x
-  %2:3 = ttng.warp_group_dot_wait %1, %a, %b {pendings = 0 : i32} : x
-  %3 = ttng.warp_group_dot %d, %e, %f {isAsync = true} : x
-  %4:2 = ttng.warp_group_dot_wait %3, %e {pendings = 1 : i32} : x
-  %5 = ttg.async_copy_global_to_local %p, %q : x
-  %6 = ttg.convert_layout %s : x
-"""
+  # An Ampere-style layout next to a Hopper one, async and awaited products.
+  ttgir = "\n".join([
+      "#mma = #ttg.nvidia_mma<{versionMajor = 3, versionMinor = 0, warpsPerCTA = [8, 1], "
+      "instrShape = [16, 32, 16]}>",
+      "#mma1 = #ttg.nvidia_mma<{versionMajor = 2, versionMinor = 0, warpsPerCTA = [4, 1], "
+      "instrShape = [16, 8]}>",
+      "%1 = ttng.warp_group_dot %a, %b, %c {isAsync = true} : x",
+      "%2:3 = ttng.warp_group_dot_wait %1, %a, %b {pendings = 0 : i32} : x",
+      "%3 = ttng.warp_group_dot %d, %e, %f {isAsync = true} : x",
+      "%4:2 = ttng.warp_group_dot_wait %3, %e {pendings = 1 : i32} : x",
+      "%5 = ttg.async_copy_global_to_local %p, %q : x",
+      "%6 = ttg.convert_layout %s : x"])
   s = ttgir_summary(ttgir)
   assert (s["wgmma_dots"], s["dot_waits"], s["dot_waits_pending_0"], s["async_copies"],
-          s["layout_conversions"], s["mma_v2_dots"]) == (2, 2, 1, 1, 1, 0)
-  assert s["mma_layouts"] == [("[8, 1]", "[16, 32, 16]")]
+          s["layout_conversions"], s["mma_v2_layouts"]) == (2, 2, 1, 1, 1, 1)
+  assert s["mma_layouts"] == [("[4, 1]", "[16, 8]"), ("[8, 1]", "[16, 32, 16]")]
+
+
+def test_ttgir_summary_on_compiled_kernel_lines():
+  """Lines of the 8-warp forward's TTGIR as upstream triton 3.6.0 compiled it
+  (experiments/triton_ir.py --compile): two products, two waits (QK^T's in the loop, the
+  accumulating PV's after it), QK^T on a 16 x 32 instruction across [8, 1] warps."""
+  with open(os.path.join(os.path.dirname(__file__), "fixtures", "triton",
+                         "moba_fwd_w8.ttgir.txt")) as f:
+    s = ttgir_summary(f.read())
+  assert (s["wgmma_dots"], s["dot_waits"], s["dot_waits_pending_0"], s["mma_v2_layouts"]) == (
+      2, 2, 2, 0)
+  assert (s["async_copies"], s["layout_conversions"]) == (6, 5)
+  assert s["mma_layouts"] == [("[4, 2]", "[16, 64, 16]"), ("[8, 1]", "[16, 32, 16]")]

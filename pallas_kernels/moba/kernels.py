@@ -62,9 +62,9 @@ class MobaBlockSizes:
   # mask is a larger share of a tile's work (H200, 14/2 heads x 64, block 256: fwd+bwd 4-9%
   # faster at k = 8 and 16 in three runs), off above (16/16 x 128, block 512: 1-4% slower).
   skip_full_masks: bool | None = None
-  # Softmax exponentials as one special-function instruction each (PTX ex2.approx.ftz)
-  # instead of libdevice's exp2f, which the Triton lowering calls for jnp.exp2 and which
-  # reduces the range on the ALU first. Compiled kernels only: interpret mode runs jnp.exp2.
+  # Softmax exponentials as PTX ex2.approx.ftz. The Triton lowering calls libdevice's exp2f
+  # for jnp.exp2: ex2.approx without flush-to-zero, with subnormals handled around the
+  # instruction. Compiled kernels only: interpret mode runs jnp.exp2.
   # H200, same process: fwd+bwd 1.9-2.6% faster at 16/16 x 128 (k = 3, 8, 16), 0.8-1.1%
   # slower at 14/2 x 64 (k = 8, 16; one run, inside the noise).
   fast_exp2: bool = True
