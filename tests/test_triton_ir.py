@@ -28,6 +28,8 @@ def test_lowers_every_kernel_of_a_training_step():
   assert (by_name["moba_fwd"]["num_warps"], by_name["moba_dq"]["num_warps"]) == (4, 8)
   assert "tt.func public @moba_fwd" in by_name["moba_fwd"]["ttir"]
   assert by_name["moba_fwd"]["ttir"].count("tt.dot ") == 2  # QK^T and PV
+  for name in ("moba_fwd", "moba_dq", "moba_dkv"):  # MobaBlockSizes.fast_exp2 (the default)
+    assert "ex2.approx.ftz.f32" in by_name[name]["ttir"], name
 
 
 def test_ttgir_summary_reads_waits_and_layouts():
