@@ -130,11 +130,8 @@ def bench_moba(t, block, ks, k_max, hq, hkv, d, bs, reps, kind="moba", gate=True
   sel_fn = jax.jit(lambda q, k_, budget: moba_gate(q, k_, seg, budget, block_size=block,
                                                    k_max=k_max))
   # The gating moba_attention runs: fused gate kernel + layout.
-  gate_fn = jax.jit(lambda q, k_, budget: build_kv_layout(
-      attention._fused_gate(q, k_, seg, budget, block_size=block, k_max=k_max,
-                            interpret=INTERPRET), seg,
-      num_blocks=t // block, group_size=hq // hkv, block_rows=bs.block_rows,
-      mark_full=bs.fit(block, d).skip_full_masks))
+  gate_fn = jax.jit(lambda q, k_, budget: attention.gate_and_layout(
+      q, k_, seg, budget, block_size=block, k_max=k_max, bs=bs, interpret=INTERPRET))
   rows = []
   for k in ks:
     budget = jnp.asarray([k], jnp.int32)
@@ -229,6 +226,15 @@ def parse_variant(text: str) -> MobaBlockSizes:
                         num_warps_bwd=wb, num_stages_bwd=sb,
                         skip_full_masks=None if skip == "a" else skip == "1",
                         fast_exp2=fast == "1")
+
+
+def add_point_args(p: argparse.ArgumentParser) -> None:
+  """--seq, --block, --k, --heads: the one attention shape the single-point scripts
+  (ncu_moba, trace_moba, triton_ir) run; defaults are the issue's headline point."""
+  p.add_argument("--seq", type=int, default=32768)
+  p.add_argument("--block", type=int, default=512)
+  p.add_argument("--k", type=int, default=3)
+  p.add_argument("--heads", default="h128", choices=list(HEADS))
 
 
 def r_squared(x, y):

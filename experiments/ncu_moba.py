@@ -22,17 +22,14 @@ import jax
 import jax.numpy as jnp
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from experiments.bench_kernel import (HEADS, fwd_bwd, inputs, parse_variant,  # noqa: E402
-                                      variant_tag)
+from experiments.bench_kernel import (HEADS, add_point_args, fwd_bwd, inputs,  # noqa: E402
+                                      parse_variant, variant_tag)
 from pallas_kernels.moba import moba_attention  # noqa: E402
 
 
 def main():
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  p.add_argument("--seq", type=int, default=32768)
-  p.add_argument("--block", type=int, default=512)
-  p.add_argument("--k", type=int, default=3)
-  p.add_argument("--heads", default="h128", choices=list(HEADS))
+  add_point_args(p)
   p.add_argument("--variants", default="64,64,64,4,2")
   p.add_argument("--interpret", action="store_true", help="Pallas interpret mode (CPU smoke)")
   args = p.parse_args()

@@ -28,9 +28,9 @@ import jax
 import jax.numpy as jnp
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from experiments.bench_kernel import HEADS, inputs, parse_variant  # noqa: E402
-from pallas_kernels.moba import MobaBlockSizes, build_kv_layout, moba_attention  # noqa: E402
-from pallas_kernels.moba.attention import _fused_gate  # noqa: E402
+from experiments.bench_kernel import HEADS, add_point_args, inputs, parse_variant  # noqa: E402
+from pallas_kernels.moba import MobaBlockSizes, moba_attention  # noqa: E402
+from pallas_kernels.moba.attention import gate_and_layout  # noqa: E402
 
 
 def device_kernel_times(trace: dict) -> tuple[dict[str, tuple[float, int]], dict[str, float]]:
@@ -78,10 +78,7 @@ def traced_kernel_us(fn, *args, reps: int):
 
 def main():
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  p.add_argument("--seq", type=int, default=32768)
-  p.add_argument("--block", type=int, default=512)
-  p.add_argument("--k", type=int, default=3)
-  p.add_argument("--heads", default="h128", choices=list(HEADS))
+  add_point_args(p)
   p.add_argument("--variant", default=None, help="bench_kernel.py variant syntax; default tiles")
   p.add_argument("--reps", type=int, default=5)
   p.add_argument("--out", default=None)
@@ -101,15 +98,9 @@ def main():
       attend(q, k, v, seg, budget).astype(jnp.float32) * do.astype(jnp.float32)),
       argnums=(0, 1, 2)))
   kernels, per_thread = traced_kernel_us(step, q, k, v, do, seg, budget, reps=args.reps)
-  fitted = (bs or MobaBlockSizes()).fit(args.block, d)
-
-  @jax.jit
-  def gating(q, k, seg, budget):
-    sel = _fused_gate(q, k, seg, budget, block_size=args.block, k_max=args.k,
-                      interpret=args.interpret)
-    return build_kv_layout(sel, seg, num_blocks=args.seq // args.block, group_size=hq // hkv,
-                           block_rows=fitted.block_rows, mark_full=fitted.skip_full_masks)
-
+  gating = jax.jit(lambda q, k, seg, budget: gate_and_layout(
+      q, k, seg, budget, block_size=args.block, k_max=args.k, bs=bs or MobaBlockSizes(),
+      interpret=args.interpret))
   gate_kernels, _ = traced_kernel_us(gating, q, k, seg, budget, reps=args.reps)
   total = sum(us for us, _ in kernels.values())
   gate_total = sum(us for us, _ in gate_kernels.values())

@@ -33,7 +33,7 @@ import jax.numpy as jnp
 from jax.sharding import AbstractDevice, AbstractMesh
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from experiments.bench_kernel import HEADS, parse_variant, variant_tag  # noqa: E402
+from experiments.bench_kernel import HEADS, add_point_args, parse_variant, variant_tag  # noqa: E402
 from pallas_kernels.moba import moba_attention  # noqa: E402
 
 H200 = AbstractDevice(device_kind="NVIDIA H200", num_cores=132, platform="cuda")
@@ -130,10 +130,7 @@ def compile_kernel(kernel: dict, path: str) -> dict:
 
 def main():
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  p.add_argument("--seq", type=int, default=32768)
-  p.add_argument("--block", type=int, default=512)
-  p.add_argument("--k", type=int, default=3)
-  p.add_argument("--heads", default="h128", choices=list(HEADS))
+  add_point_args(p)
   p.add_argument("--variants", default="64,64,64,4,2", help="bench_kernel.py variant syntax")
   p.add_argument("--out-dir", required=True)
   p.add_argument("--compile", action="store_true", help="compile with the triton package")

@@ -116,6 +116,22 @@ def _fused_gate(q_BTHD, k_BTKD, segment_ids_BT, budget_B, *, block_size, k_max, 
                                      budget_B, block_size=block_size, num_blocks=n)
 
 
+def gate_and_layout(q_BTHD, k_BTKD, segment_ids_BT, budget_B, *, block_size: int, k_max: int,
+                    bs: MobaBlockSizes, interpret: bool
+                    ) -> tuple[gating.MobaSelection, gating.MobaKVLayout]:
+  """The gating moba_attention runs before its kernels: the fused gate's selection and the
+  KV-centric layout for the tiles of `bs` (fitted here, as the kernels fit it)."""
+  bs = bs.fit(block_size, q_BTHD.shape[-1])
+  segment_ids_BT = segment_ids_BT.astype(jnp.int32)
+  sel = _fused_gate(lax.stop_gradient(q_BTHD), lax.stop_gradient(k_BTKD), segment_ids_BT,
+                    budget_B.astype(jnp.int32), block_size=block_size, k_max=k_max,
+                    interpret=interpret)
+  layout = gating.build_kv_layout(sel, segment_ids_BT, num_blocks=q_BTHD.shape[1] // block_size,
+                                  group_size=q_BTHD.shape[2] // k_BTKD.shape[2],
+                                  block_rows=bs.block_rows, mark_full=bs.skip_full_masks)
+  return sel, layout
+
+
 def moba_attention(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, budget_B, *, block_size: int,
                    k_max: int, block_sizes: MobaBlockSizes | None = None,
                    forward_kernel: str = "triton", interpret: bool = False) -> jax.Array:
@@ -138,11 +154,7 @@ def moba_attention(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, budget_B, *, block_si
     hopper.check_supported(q_BTHD.dtype, q_BTHD.shape[-1], bs)
   segment_ids_BT = segment_ids_BT.astype(jnp.int32)
   ok_B = gating.check_budget(budget_B, k_max=k_max)
-  sel = _fused_gate(lax.stop_gradient(q_BTHD), lax.stop_gradient(k_BTKD), segment_ids_BT,
-                    budget_B.astype(jnp.int32), block_size=block_size, k_max=k_max,
-                    interpret=interpret)
-  layout = gating.build_kv_layout(sel, segment_ids_BT, num_blocks=q_BTHD.shape[1] // block_size,
-                                  group_size=q_BTHD.shape[2] // k_BTKD.shape[2],
-                                  block_rows=bs.block_rows, mark_full=bs.skip_full_masks)
+  sel, layout = gate_and_layout(q_BTHD, k_BTKD, segment_ids_BT, budget_B, block_size=block_size,
+                                k_max=k_max, bs=bs, interpret=interpret)
   return _moba_core(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, ok_B, sel, layout, block_size, bs,
                     interpret, forward_kernel)
