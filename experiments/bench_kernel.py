@@ -156,8 +156,7 @@ def variant_tag(bs: MobaBlockSizes) -> str:
   bwd = (f"_bw{bs.num_warps_bwd}_bs{bs.num_stages_bwd}"
          if (bs.num_warps_bwd, bs.num_stages_bwd) != (bs.num_warps, bs.num_stages) else "")
   return (f"r{bs.block_rows}_k{bs.block_k}_kd{bs.block_k_dkv}_w{bs.num_warps}_s{bs.num_stages}"
-          f"{bwd}{'_skipfull' if bs.skip_full_masks else ''}{'' if bs.fast_exp2 else '_libexp2'}"
-          f"{'_fuseddq' if bs.fused_dq else ''}")
+          f"{bwd}{'_skipfull' if bs.skip_full_masks else ''}{'' if bs.fast_exp2 else '_libexp2'}")
 
 
 def profile_stages(t, block, k, hq, hkv, d, variants, reps):
@@ -195,10 +194,9 @@ def profile_stages(t, block, k, hq, hkv, d, variants, reps):
       print(f"mosaic forward skipped for {tag}: {e}", flush=True)
     lse_flat = jnp.full((1, t * hq), 5.0, jnp.float32)
     args = (q_flat, do_flat, lse_flat, lse_flat * 0.01, lay, k_, v, seg)
-    if not bs.fused_dq:  # fused: the dk/dv kernel below forms dq too
-      dq = jax.jit(lambda *a: kernels.moba_dq_rows(*a, block_size=block, bs=bs,
-                                                   interpret=INTERPRET))
-      row[f"dq_kernel_ms_{tag}"] = timeit(dq, *args, reps=reps)
+    dq = jax.jit(lambda *a: kernels.moba_dq_rows(*a, block_size=block, bs=bs,
+                                                 interpret=INTERPRET))
+    row[f"dq_kernel_ms_{tag}"] = timeit(dq, *args, reps=reps)
     dkv = jax.jit(lambda *a: kernels.moba_dkv(*a, block_size=block, bs=bs, interpret=INTERPRET))
     row[f"dkv_kernel_ms_{tag}"] = timeit(dkv, *args, reps=reps)
     print({kk: round(vv, 3) for kk, vv in row.items() if tag in kk}, flush=True)
@@ -206,22 +204,19 @@ def profile_stages(t, block, k, hq, hkv, d, variants, reps):
 
 
 def parse_variant(text: str) -> MobaBlockSizes:
-  """'rows,k,kdkv,warps,stages[,skip_full_masks[,warps_bwd,stages_bwd[,fast_exp2[,fused_dq]]]]'
-  -> MobaBlockSizes (skip_full_masks 0, 1 or a = by head_dim, the default; the backward takes
-  the forward's warps and stages unless given; fast_exp2 and fused_dq 0 or 1, defaults 1 and
-  0)."""
+  """'rows,k,kdkv,warps,stages[,skip_full_masks[,warps_bwd,stages_bwd[,fast_exp2]]]' ->
+  MobaBlockSizes (skip_full_masks 0, 1 or a = by head_dim, the default; the backward takes the
+  forward's warps and stages unless given; fast_exp2 0 or 1, default 1)."""
   fields = text.split(",")
-  if len(fields) not in (5, 6, 8, 9, 10):
+  if len(fields) not in (5, 6, 8, 9):
     raise ValueError(f"variant {text!r}: need rows,k,kdkv,warps,stages"
-                     "[,skip_full_masks[,warps_bwd,stages_bwd[,fast_exp2[,fused_dq]]]]")
+                     "[,skip_full_masks[,warps_bwd,stages_bwd[,fast_exp2]]]")
   skip = fields[5] if len(fields) >= 6 else "a"
   if skip not in ("0", "1", "a"):
     raise ValueError(f"variant {text!r}: skip_full_masks must be 0, 1 or a, got {skip!r}")
-  flags = {}
-  for i, name, default in ((8, "fast_exp2", "1"), (9, "fused_dq", "0")):
-    flags[name] = fields[i] if len(fields) > i else default
-    if flags[name] not in ("0", "1"):
-      raise ValueError(f"variant {text!r}: {name} must be 0 or 1, got {flags[name]!r}")
+  fast = fields[8] if len(fields) == 9 else "1"
+  if fast not in ("0", "1"):
+    raise ValueError(f"variant {text!r}: fast_exp2 must be 0 or 1, got {fast!r}")
   try:
     r, kk, kd, w, s, *bwd = (int(x) for i, x in enumerate(fields[:8]) if i != 5)
   except ValueError:
@@ -230,7 +225,7 @@ def parse_variant(text: str) -> MobaBlockSizes:
   return MobaBlockSizes(block_rows=r, block_k=kk, block_k_dkv=kd, num_warps=w, num_stages=s,
                         num_warps_bwd=wb, num_stages_bwd=sb,
                         skip_full_masks=None if skip == "a" else skip == "1",
-                        **{name: value == "1" for name, value in flags.items()})
+                        fast_exp2=fast == "1")
 
 
 def add_point_args(p: argparse.ArgumentParser) -> None:

@@ -18,13 +18,11 @@ def test_variant_fields():
   bs = parse_variant("64,64,64,4,2,0,8,1")
   assert (bs.num_warps, bs.num_stages, bs.num_warps_bwd, bs.num_stages_bwd) == (4, 2, 8, 1)
   assert bs.fast_exp2 and not parse_variant("64,64,64,4,2,0,4,2,0").fast_exp2
-  assert not bs.fused_dq and parse_variant("64,64,64,4,2,0,4,2,1,1").fused_dq
 
 
 @pytest.mark.parametrize("text", ["a,64,64,4,2", "64,64,64,4,2,2", "64,64,64,4,2,1,a,2",
                                   "64,64,64,4", "64,64,64,4,2,1,8",
-                                  "64,64,64,4,2,1,4,2,a", "64,64,64,4,2,1,4,2,1,2",
-                                  "64,64,64,4,2,1,4,2,1,1,1"])
+                                  "64,64,64,4,2,1,4,2,a", "64,64,64,4,2,1,4,2,1,1"])
 def test_bad_variants_are_refused(text):
   with pytest.raises(ValueError, match="variant"):
     parse_variant(text)
@@ -38,5 +36,3 @@ def test_tag_names_the_decided_variant():
       "r64_k64_kd64_w4_s2_bw8_bs1")
   assert variant_tag(parse_variant("64,64,64,4,2,0,4,2,0").fit(512, 128)) == (
       "r64_k64_kd64_w4_s2_libexp2")
-  assert variant_tag(parse_variant("64,64,128,4,2,0,8,2,1,1").fit(512, 128)) == (
-      "r64_k64_kd128_w4_s2_bw8_bs2_fuseddq")

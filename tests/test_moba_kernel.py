@@ -48,10 +48,8 @@ def run_both(q, k, v, do, seg, budget, block_size, k_max, bs=SMALL, interpret=Tr
 
 @pytest.mark.parametrize("dtype, hq, hkv, bs", [
     (jnp.float32, 2, 2, SMALL), (jnp.float32, 7, 1, SMALL), (jnp.bfloat16, 4, 2, SMALL),
-    (jnp.float32, 2, 1, dataclasses.replace(SMALL, skip_full_masks=True)),
-    (jnp.float32, 7, 1, dataclasses.replace(SMALL, fused_dq=True)),
-    (jnp.bfloat16, 2, 2, dataclasses.replace(SMALL, fused_dq=True))],
-    ids=["f32-1", "f32-7", "bf16-2", "f32-2-skip_full_masks", "f32-7-fused_dq", "bf16-1-fused_dq"])
+    (jnp.float32, 2, 1, dataclasses.replace(SMALL, skip_full_masks=True))],
+    ids=["f32-1", "f32-7", "bf16-2", "f32-2-skip_full_masks"])
 def test_values_and_gradients_match_reference(dtype, hq, hkv, bs):
   rng = np.random.default_rng()
   # Two key tiles per block: exercises the causal tile bound and the dk/dv chunk skip.
@@ -199,18 +197,16 @@ def test_skip_full_masks_default_follows_head_dim():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("skip_full_masks, fused_dq", [(False, False), (True, False),
-                                                       (False, True), (True, True)])
+@pytest.mark.parametrize("skip_full_masks", [False, True])
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-def test_gpu_compiled_kernels_match_reference(dtype, skip_full_masks, fused_dq):
+def test_gpu_compiled_kernels_match_reference(dtype, skip_full_masks):
   rng = np.random.default_rng()
   b, t, block_size, k_max = 2, 1024, 128, 4
   q, k, v, do = make_inputs(rng, b, t, 8, 2, 64, dtype)
   seg = packed_segments(rng, b, t, block_size, aligned=True)
   budget = jnp.asarray([2, 4], jnp.int32)
   got, want = run_both(q, k, v, do, seg, budget, block_size, k_max,
-                       bs=MobaBlockSizes(skip_full_masks=skip_full_masks, fused_dq=fused_dq),
-                       interpret=False)
+                       bs=MobaBlockSizes(skip_full_masks=skip_full_masks), interpret=False)
   tol = {jnp.float32: 2e-3, jnp.bfloat16: 2e-2}[dtype]  # f32 dots run as tf32 on GPU
   for g, w in zip(got, want):
     assert rel_err(g, w) < tol

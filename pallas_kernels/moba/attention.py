@@ -4,8 +4,7 @@ Owns the public entry and the glue between the kernels: combining the
 per-slot partial results of every token (the kernels gather their query rows
 themselves through the layout's row_src) - a
 log-sum-exp merge of the partial outputs in the forward pass, a sum of the
-partial dq in the backward pass (unless the dk/dv kernel accumulates dq itself:
-MobaBlockSizes.fused_dq). Selection is not differentiated (top-k is
+partial dq in the backward pass. Selection is not differentiated (top-k is
 piecewise constant), as in MoBA.
 """
 
@@ -87,11 +86,6 @@ def _moba_bwd(block_size, bs, interpret, forward_kernel, res, do_BTHD):
   flat = lambda x: x.reshape(b, t * hq, *x.shape[3:])
   args = (flat(q_BTHD), flat(do_BTHD), flat(lse_BTH), flat(delta_BTH), layout, k_BTKD, v_BTKD,
           segment_ids_BT)
-  if bs.fused_dq:
-    dk_BTKD, dv_BTKD, dq_BSD = kernels.moba_dkv(*args, block_size=block_size, bs=bs,
-                                                interpret=interpret)
-    dq_BTHD = dq_BSD.reshape(b, t, hq, d).astype(q_BTHD.dtype)
-    return dq_BTHD, dk_BTKD, dv_BTKD, None, None, None, None
   dq_BGLD = kernels.moba_dq_rows(*args, block_size=block_size, bs=bs, interpret=interpret)
   dk_BTKD, dv_BTKD = kernels.moba_dkv(*args, block_size=block_size, bs=bs, interpret=interpret)
   used_BGTK = jnp.transpose(sel.selected_BTGK, (0, 2, 1, 3)) < t // block_size

@@ -14,12 +14,6 @@ Three attention `pallas_call`s, all reading `MobaKVLayout` (see gating.py):
 * dk/dv: one program per (row, KV group, `block_k_dkv` key tile); it loops over
   the chunks that read the tile's block - `[first, end)` read from the layout, so
   the trip count is data and falls with the budget - accumulating dk and dv.
-  With `MobaBlockSizes.fused_dq` it also forms each chunk's dq partial against its
-  key tile (dS K) and adds it into a float32 dq of the tokens with relaxed atomics
-  (relaxed_atomics.py), and the dq kernel does not run: five matrix products per
-  (chunk, key tile) instead of the separate kernels' seven. Each program starts its
-  chunk loop at its own offset, so the key tiles of one block do not add into the
-  same rows at the same time.
 
 Masking inside a block: same segment (non-zero) and key position <= query
 position (only binds in the own block). Partial results are combined outside
@@ -41,8 +35,6 @@ from jax.experimental.pallas import triton as plgpu
 # context. Left to the first pallas_call to import lazily, that registration
 # changes the context mid-run, so a function jitted before it compiles twice.
 from jax.experimental.pallas import fuser as _fuser  # noqa: F401
-
-from pallas_kernels.moba.relaxed_atomics import relaxed_atomic_add
 
 _MASK = -0.7 * float(jnp.finfo(jnp.float32).max)
 _LOG2E = math.log2(math.e)
@@ -76,10 +68,6 @@ class MobaBlockSizes:
   # H200, same process: fwd+bwd 1.9-2.6% faster at 16/16 x 128 (k = 3, 8, 16), 0.8-1.1%
   # slower at 14/2 x 64 (k = 8, 16; one run, inside the noise).
   fast_exp2: bool = True
-  # dq inside the dk/dv kernel (float32 atomic adds, see the module docstring) instead of
-  # its own kernel. The float32 sums' order varies from run to run, so dq is not bitwise
-  # reproducible with it (dk, dv and the output are).
-  fused_dq: bool = False
 
   def check(self, block_size: int) -> None:
     for name in ("block_rows", "block_k", "block_k_dkv"):
@@ -204,28 +192,18 @@ def _dq_kernel(cb_ref, full_ref, src_ref, seg_ref, pos_ref, q_ref, do_ref, lse_r
 
 
 def _dkv_kernel(bc_ref, skip_ref, full_ref, src_ref, seg_ref, pos_ref, q_ref, do_ref, lse_ref,
-                delta_ref, k_ref, v_ref, kseg_ref, *refs, sm_scale, block_k, block_rows,
-                group_size, tiles_per_block, skip_full_masks, fast_exp2, fused_dq):
-  if fused_dq:
-    _, dk_ref, dv_ref, dq_ref = refs  # refs[0]: the zeroed dq input aliased to dq_ref
-  else:
-    dk_ref, dv_ref = refs
+                delta_ref, k_ref, v_ref, kseg_ref, dk_ref, dv_ref, *, sm_scale, block_k, block_rows,
+                group_size, skip_full_masks, fast_exp2):
   # A block's run starts with its own tokens' rows in position order; the chunks
   # holding only own rows before this key tile are causally masked: skip them.
   first = bc_ref[0] + (skip_ref[0] * group_size) // block_rows
   end = bc_ref[1]
   k, v = k_ref[...], v_ref[...]
   kseg = kseg_ref[...]
-  tile = pl.program_id(2)
-  kpos = tile * block_k + jnp.arange(block_k, dtype=jnp.int32)
-  n = jnp.maximum(end - first, 0)
-  # The block's key tiles visit its chunks in the same order, each from its own start:
-  # with fused dq they would otherwise add into the same dq rows at the same time.
-  shift = (tile % tiles_per_block) * n // tiles_per_block if fused_dq else 0
+  kpos = pl.program_id(2) * block_k + jnp.arange(block_k, dtype=jnp.int32)
 
-  def body(i, carry):
+  def body(c, carry):
     dk, dv = carry
-    c = first + (i + shift) % n if fused_dq else i
     rs = pl.ds(c * block_rows, block_rows)
     src = src_ref[rs]
     q, do = q_ref[src], do_ref[src]
@@ -243,18 +221,11 @@ def _dkv_kernel(bc_ref, skip_ref, full_ref, src_ref, seg_ref, pos_ref, q_ref, do
     dp = plgpu.dot(do, v, trans_b=True)
     ds = p * (dp - delta[:, None])
     dk = dk + plgpu.dot(ds.astype(q.dtype), q, trans_a=True)
-    if fused_dq:  # padding rows (segment 0) point at row 0 and add zeros: masked off
-      relaxed_atomic_add(dq_ref, (src, slice(None)),
-                         plgpu.dot(ds.astype(k.dtype), k) * sm_scale,
-                         mask=(seg_ref[rs] != 0)[:, None])
     return dk, dv
 
   d = k.shape[-1]
   zeros = jnp.zeros((block_k, d), jnp.float32)
-  if fused_dq:
-    dk, dv = lax.fori_loop(0, n, body, (zeros, zeros))
-  else:
-    dk, dv = lax.fori_loop(first, end, body, (zeros, zeros))
+  dk, dv = lax.fori_loop(first, end, body, (zeros, zeros))
   dk_ref[...] = (dk * sm_scale).astype(dk_ref.dtype)
   dv_ref[...] = dv.astype(dv_ref.dtype)
 
@@ -401,9 +372,7 @@ def moba_dq_rows(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segmen
 
 def moba_dkv(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_ids_BT, *,
              block_size, bs: MobaBlockSizes, interpret: bool):
-  """dk, dv [B, T, Hkv, D] in k's dtype; every key tile written (zeros if unread). With
-  bs.fused_dq also dq [B, T * Hq, D] in float32 (the sum over every token's slots; zero for
-  tokens no chunk reads)."""
+  """dk, dv [B, T, Hkv, D] in k's dtype; every key tile written (zeros if unread)."""
   b, s, d = q_BSD.shape
   _, g, l = layout.row_src_BGL.shape
   t = k_BTKD.shape[1]
@@ -415,42 +384,29 @@ def moba_dkv(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_id
   gh = s // t // g
   kernel = functools.partial(_dkv_kernel, sm_scale=1.0 / math.sqrt(d), block_k=tk,
                              block_rows=bs.block_rows, group_size=gh,
-                             tiles_per_block=tiles_per_block, skip_full_masks=bs.skip_full_masks,
-                             fast_exp2=bs.fast_exp2 and not interpret, fused_dq=bs.fused_dq)
+                             skip_full_masks=bs.skip_full_masks,
+                             fast_exp2=bs.fast_exp2 and not interpret)
   # Non-padding keys of the block before each key tile (= own query tokens before it).
   nonpad_BNP = (segment_ids_BT != 0).astype(jnp.int32).reshape(b, t // tk, tk).sum(-1).reshape(
       b, t // block_size, tiles_per_block)
   skip_BN = (jnp.cumsum(nonpad_BNP, axis=-1) - nonpad_BNP).reshape(b, t // tk).astype(jnp.int32)
-  in_specs = [pl.BlockSpec((None, None, None, 2),
-                           lambda b_, g_, n: (b_, g_, n // tiles_per_block, 0)),
-              pl.BlockSpec((None, 1), lambda b_, g_, n: (b_, n)),
-              pl.BlockSpec((None, None, l // bs.block_rows), lambda b_, g_, n: (b_, g_, 0)),
-              rows_full, rows_full, rows_full, _full_spec((s, d)), _full_spec((s, d)),
-              _full_spec((s,)), _full_spec((s,)), kv_tile, kv_tile,
-              pl.BlockSpec((None, tk), lambda b_, g_, n: (b_, n))]
-  args = [layout.block_chunks_BGN2, skip_BN, layout.chunk_full_BGC, layout.row_src_BGL,
-          layout.row_seg_BGL, layout.row_pos_BGL, q_BSD, do_BSD, lse_BS, delta_BS, k_BTKD, v_BTKD,
-          segment_ids_BT.astype(jnp.int32)]
-  out_specs = [kv_tile, kv_tile]
-  out_shape = [jax.ShapeDtypeStruct(k_BTKD.shape, k_BTKD.dtype),
-               jax.ShapeDtypeStruct(v_BTKD.shape, v_BTKD.dtype)]
-  aliases = {}
-  if bs.fused_dq:
-    # Every program of a row adds into its whole [T * Hq, D] dq: start from zeros.
-    in_specs.append(_full_spec((s, d)))
-    args.append(jnp.zeros((b, s, d), jnp.float32))
-    out_specs.append(_full_spec((s, d)))
-    out_shape.append(jax.ShapeDtypeStruct((b, s, d), jnp.float32))
-    aliases = {len(args) - 1: 2}
   return pl.pallas_call(
       kernel,
       grid=(b, g, t // tk),
-      in_specs=in_specs,
-      out_specs=out_specs,
-      out_shape=out_shape,
-      input_output_aliases=aliases,
+      in_specs=[pl.BlockSpec((None, None, None, 2),
+                             lambda b_, g_, n: (b_, g_, n // tiles_per_block, 0)),
+                pl.BlockSpec((None, 1), lambda b_, g_, n: (b_, n)),
+                pl.BlockSpec((None, None, l // bs.block_rows), lambda b_, g_, n: (b_, g_, 0)),
+                rows_full, rows_full, rows_full, _full_spec((s, d)), _full_spec((s, d)),
+                _full_spec((s,)), _full_spec((s,)), kv_tile, kv_tile,
+                pl.BlockSpec((None, tk), lambda b_, g_, n: (b_, n))],
+      out_specs=[kv_tile, kv_tile],
+      out_shape=[jax.ShapeDtypeStruct(k_BTKD.shape, k_BTKD.dtype),
+                 jax.ShapeDtypeStruct(v_BTKD.shape, v_BTKD.dtype)],
       compiler_params=plgpu.CompilerParams(num_warps=bs.num_warps_bwd,
                                            num_stages=bs.num_stages_bwd),
       interpret=interpret,
-      name="moba_dkv_dq" if bs.fused_dq else "moba_dkv",
-  )(*args)
+      name="moba_dkv",
+  )(layout.block_chunks_BGN2, skip_BN, layout.chunk_full_BGC, layout.row_src_BGL,
+    layout.row_seg_BGL, layout.row_pos_BGL, q_BSD, do_BSD, lse_BS, delta_BS, k_BTKD, v_BTKD,
+    segment_ids_BT.astype(jnp.int32))
