@@ -131,7 +131,8 @@ def bench_moba(t, block, ks, k_max, hq, hkv, d, bs, reps, kind="moba", gate=True
                                                    k_max=k_max))
   # The gating moba_attention runs: fused gate kernel + layout.
   gate_fn = jax.jit(lambda q, k_, budget: attention.gate_and_layout(
-      q, k_, seg, budget, block_size=block, k_max=k_max, bs=bs, interpret=INTERPRET))
+      q, k_, seg, budget, block_size=block, k_max=k_max, bs=bs, interpret=INTERPRET,
+      forward_kernel=forward_kernel))
   rows = []
   for k in ks:
     budget = jnp.asarray([k], jnp.int32)
@@ -312,8 +313,8 @@ def main():
           save()
   # Short table last.
   cud = {(r["seq"], r["heads"]): r for r in rows if r["kind"] == "cudnn"}
-  print("\nkind  fwd     heads  S      block k  kmax  fwd_ms  fb_ms   fwdTF  fbTF   xcuDNN(fb) "
-        "gate_ms  tiles")
+  print("\nkind  fwd               heads  S      block k  kmax  fwd_ms  fb_ms   fwdTF  fbTF   "
+        "xcuDNN(fb) gate_ms  tiles")
   for r in rows:
     if r["kind"] not in ("moba", "sweep"):
       continue
@@ -321,7 +322,7 @@ def main():
     c = cud[(r["seq"], r["heads"])]
     r["ratio_fwdbwd"] = r["fwdbwd_tflops"] / c["fwdbwd_tflops"]
     r["ratio_fwd"] = r["fwd_tflops"] / c["fwd_tflops"]
-    print(f"{r['kind']:5s} {r['forward_kernel']:7s} {r['heads']:6s} {r['seq']:6d} "
+    print(f"{r['kind']:5s} {r['forward_kernel']:17s} {r['heads']:6s} {r['seq']:6d} "
           f"{r['block']:5d} {r['k']:2d} {r['k_max']:4d} {r['fwd_ms']:7.3f} {r['fwdbwd_ms']:7.3f} "
           f"{r['fwd_tflops']:6.1f} {r['fwdbwd_tflops']:6.1f} {r['ratio_fwdbwd']:6.3f} "
           f"{r['gate_ms']:7.3f}  {variant_tag(MobaBlockSizes(**r['block_sizes']))}")

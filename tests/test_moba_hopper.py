@@ -2,6 +2,9 @@
 forward kernel row by row and against the dense reference end to end; its argument
 checks; a GPU-marked check of the compiled kernel on an H200."""
 
+import dataclasses
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -14,10 +17,15 @@ from tests.test_moba_kernel import TOL, make_inputs, rel_err, run_both
 HOPPER = MobaBlockSizes(block_rows=64, block_k=64, block_k_dkv=64)
 
 
-@pytest.mark.parametrize("hq, hkv, block_size", [(2, 1, 128), (4, 4, 64)])
-def test_rows_match_triton_forward(hq, hkv, block_size):
+@pytest.mark.parametrize("hq, hkv, block_size, kernel", [
+    (2, 1, 128, "mosaic"), (4, 4, 64, "mosaic"), (2, 1, 128, "persistent"),
+    (4, 4, 64, "persistent"), (2, 2, 256, "persistent")])
+def test_rows_match_triton_forward(hq, hkv, block_size, kernel):
   """Partial outputs and lse of every row a used chunk holds: the same function as the
-  Triton kernel's, on fresh inputs with packed documents and ragged budgets."""
+  Triton kernel's with the same key tiles (so the same bf16 roundings of P), on fresh inputs
+  with packed documents and ragged budgets. The persistent kernel runs three CTAs, each
+  several work items of two chunks, through one K/V stream; its 128-key tiles where the
+  block holds them."""
   rng = np.random.default_rng()
   b, t, d, k_max = 2, 4 * block_size, 64, 3
   q, k, v, _ = make_inputs(rng, b, t, hq, hkv, d, jnp.bfloat16)
@@ -25,13 +33,19 @@ def test_rows_match_triton_forward(hq, hkv, block_size):
   budget = jnp.asarray(rng.integers(1, k_max + 1, size=b), jnp.int32)
   sel = moba_gate(q, k, seg, budget, block_size=block_size, k_max=k_max)
   layout = build_kv_layout(sel, seg, num_blocks=t // block_size, group_size=hq // hkv,
-                           block_rows=HOPPER.block_rows)
+                           block_rows=HOPPER.block_rows,
+                           pad_rows=hopper.ITEM_ROWS if kernel == "persistent" else None)
   q_BSD = q.reshape(b, t * hq, d)
   args = (q_BSD, layout, k, v, seg)
-  want_o, want_lse = kernels.moba_forward_rows(*args, block_size=block_size, bs=HOPPER,
+  if kernel == "persistent":
+    tiles = dataclasses.replace(HOPPER, block_k=min(128, block_size))
+    fwd = functools.partial(hopper.moba_forward_rows_persistent, block_kv=tiles.block_k,
+                            num_ctas=3)
+  else:
+    tiles, fwd = HOPPER, hopper.moba_forward_rows
+  want_o, want_lse = kernels.moba_forward_rows(*args, block_size=block_size, bs=tiles,
                                                interpret=True)
-  got_o, got_lse = hopper.moba_forward_rows(*args, block_size=block_size, bs=HOPPER,
-                                            interpret=True)
+  got_o, got_lse = fwd(*args, block_size=block_size, bs=HOPPER, interpret=True)
   assert got_o.dtype == jnp.bfloat16 and got_lse.dtype == jnp.float32
   used_BGL = np.repeat(np.asarray(layout.chunk_block_BGC) >= 0, HOPPER.block_rows, axis=-1)
   real_BGL = used_BGL & (np.asarray(layout.row_seg_BGL) != 0)
@@ -45,14 +59,15 @@ def test_rows_match_triton_forward(hq, hkv, block_size):
                              np.asarray(want_o, np.float32)[real_BGL], rtol=2 ** -7, atol=1e-3)
 
 
-def test_attention_with_mosaic_forward_matches_reference():
+@pytest.mark.parametrize("forward_kernel", ["mosaic", "mosaic_persistent"])
+def test_attention_with_mosaic_forward_matches_reference(forward_kernel):
   rng = np.random.default_rng()
   b, t, block_size, k_max = 2, 256, 64, 3
   q, k, v, do = make_inputs(rng, b, t, 4, 2, 64, jnp.bfloat16)
   seg = packed_segments(rng, b, t, block_size, aligned=True)
   budget = jnp.asarray(rng.integers(1, k_max + 1, size=b), jnp.int32)
   got, want = run_both(q, k, v, do, seg, budget, block_size, k_max, bs=HOPPER,
-                       forward_kernel="mosaic")
+                       forward_kernel=forward_kernel)
   for name, g, w in zip(("out", "dq", "dk", "dv"), got, want):
     assert rel_err(g, w) < TOL[jnp.bfloat16], (name, rel_err(g, w))
   pad = np.asarray(seg) == 0
@@ -87,8 +102,9 @@ def test_gpu_compiled_mosaic_forward_matches_reference():
     q, k, v, do = make_inputs(rng, b, t, hq, hkv, d, jnp.bfloat16)
     seg = packed_segments(rng, b, t, block_size, aligned=True)
     budget = jnp.asarray([2, 4], jnp.int32)
-    got, want = run_both(q, k, v, do, seg, budget, block_size, k_max,
-                         bs=MobaBlockSizes(block_k=128), interpret=False,
-                         forward_kernel="mosaic")
-    for name, g, w in zip(("out", "dq", "dk", "dv"), got, want):
-      assert rel_err(g, w) < TOL[jnp.bfloat16], (hq, hkv, d, name, rel_err(g, w))
+    for fwd in ("mosaic", "mosaic_persistent"):
+      got, want = run_both(q, k, v, do, seg, budget, block_size, k_max,
+                           bs=MobaBlockSizes(block_k=128), interpret=False,
+                           forward_kernel=fwd)
+      for name, g, w in zip(("out", "dq", "dk", "dv"), got, want):
+        assert rel_err(g, w) < TOL[jnp.bfloat16], (fwd, hq, hkv, d, name, rel_err(g, w))

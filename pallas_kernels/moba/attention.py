@@ -37,7 +37,10 @@ def _group_to_BTH(x_BGTGh, b, t, hq):
   return jnp.moveaxis(x_BGTGh, 1, 2).reshape(b, t, hq, *rest)
 
 
-FORWARD_KERNELS = {"triton": kernels.moba_forward_rows, "mosaic": hopper.moba_forward_rows}
+FORWARD_KERNELS = {"triton": kernels.moba_forward_rows, "mosaic": hopper.moba_forward_rows,
+                   "mosaic_persistent": hopper.moba_forward_rows_persistent}
+# Rows each block's run is padded to, where a forward needs more than block_rows.
+_PAD_ROWS = {"mosaic_persistent": hopper.ITEM_ROWS}
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8, 9, 10))
@@ -117,10 +120,11 @@ def _fused_gate(q_BTHD, k_BTKD, segment_ids_BT, budget_B, *, block_size, k_max, 
 
 
 def gate_and_layout(q_BTHD, k_BTKD, segment_ids_BT, budget_B, *, block_size: int, k_max: int,
-                    bs: MobaBlockSizes, interpret: bool
+                    bs: MobaBlockSizes, interpret: bool, forward_kernel: str = "triton"
                     ) -> tuple[gating.MobaSelection, gating.MobaKVLayout]:
   """The gating moba_attention runs before its kernels: the fused gate's selection and the
-  KV-centric layout for the tiles of `bs` (fitted here, as the kernels fit it)."""
+  KV-centric layout for the tiles of `bs` (fitted here, as the kernels fit it) and the
+  forward kernel's padding."""
   bs = bs.fit(block_size, q_BTHD.shape[-1])
   segment_ids_BT = segment_ids_BT.astype(jnp.int32)
   sel = _fused_gate(lax.stop_gradient(q_BTHD), lax.stop_gradient(k_BTKD), segment_ids_BT,
@@ -128,7 +132,8 @@ def gate_and_layout(q_BTHD, k_BTKD, segment_ids_BT, budget_B, *, block_size: int
                     interpret=interpret)
   layout = gating.build_kv_layout(sel, segment_ids_BT, num_blocks=q_BTHD.shape[1] // block_size,
                                   group_size=q_BTHD.shape[2] // k_BTKD.shape[2],
-                                  block_rows=bs.block_rows, mark_full=bs.skip_full_masks)
+                                  block_rows=bs.block_rows, mark_full=bs.skip_full_masks,
+                                  pad_rows=_PAD_ROWS.get(forward_kernel))
   return sel, layout
 
 
@@ -150,11 +155,12 @@ def moba_attention(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, budget_B, *, block_si
                      f"{k_BTKD.dtype}, {v_BTKD.dtype}")
   bs = (block_sizes or MobaBlockSizes()).fit(block_size, q_BTHD.shape[-1])
   bs.check(block_size)
-  if forward_kernel == "mosaic":
+  if forward_kernel.startswith("mosaic"):
     hopper.check_supported(q_BTHD.dtype, q_BTHD.shape[-1], bs)
   segment_ids_BT = segment_ids_BT.astype(jnp.int32)
   ok_B = gating.check_budget(budget_B, k_max=k_max)
   sel, layout = gate_and_layout(q_BTHD, k_BTKD, segment_ids_BT, budget_B, block_size=block_size,
-                                k_max=k_max, bs=bs, interpret=interpret)
+                                k_max=k_max, bs=bs, interpret=interpret,
+                                forward_kernel=forward_kernel)
   return _moba_core(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, ok_B, sel, layout, block_size, bs,
                     interpret, forward_kernel)

@@ -62,7 +62,8 @@ class MobaKVLayout:
     Within a block's run rows are in position order, own-block tokens first.
   entry_row_BGTK: int32 sorted row of (token, slot, head 0); heads follow
     contiguously. Meaningless where the slot is unused.
-  chunk_block_BGC: int32 KV block read by each chunk of block_rows rows, -1 if unused.
+  chunk_block_BGC: int32 KV block read by each chunk of block_rows rows, -1 if unused (past
+    the runs, or padding rows only).
   chunk_full_BGC: int32 1 where the chunk attends every (row, key) pair of its block - no
     padding row, one document on both sides, not a row's own block - so the kernels may
     skip the mask there (splash attention's "full" blocks); else 0.
@@ -303,21 +304,28 @@ def _count_reads_up_to(sel_BGTK, n: int, chunk: int = 128) -> jax.Array:
 
 
 def build_kv_layout(sel: MobaSelection, segment_ids_BT: jax.Array, *, num_blocks: int,
-                    group_size: int, block_rows: int, mark_full: bool = True) -> MobaKVLayout:
+                    group_size: int, block_rows: int, mark_full: bool = True,
+                    pad_rows: int | None = None) -> MobaKVLayout:
   """Transpose the selection into the KV-centric sorted-row layout the kernels read.
 
   Sort-free: a token's rank among the tokens that read block j is a count over
   the (token, block) selection bitmap (see _count_reads_up_to), a few passes over
   [T, N] instead of a sort of T * k_max keys. mark_full=False leaves chunk_full_BGC all
   zero (every chunk masked) and skips computing it: for kernels that do not skip masks.
+  pad_rows (a multiple of block_rows; default block_rows): each block's run is padded to a
+  multiple of it, so that runs of pad_rows rows also read one block each (the Hopper
+  persistent forward's 128-row work items); chunks of padding only are unused (-1).
   """
   sel_BGTK = jnp.transpose(sel.selected_BTGK, (0, 2, 1, 3))
   b, g, t, kmax = sel_BGTK.shape
   n, gh, r = num_blocks, group_size, block_rows
-  cap_rows = -(-(t * kmax * gh + n * (r - 1)) // r) * r
+  pad = r if pad_rows is None else pad_rows
+  if pad % r:
+    raise ValueError(f"pad_rows={pad} must be a multiple of block_rows={r}")
+  cap_rows = -(-(t * kmax * gh + n * (pad - 1)) // pad) * pad
   csum_BGTN = _count_reads_up_to(sel_BGTK, n)
   cnt_BGN = csum_BGTN[:, :, -1]
-  padded_BGN = -(-(cnt_BGN * gh) // r) * r
+  padded_BGN = -(-(cnt_BGN * gh) // pad) * pad
   row_end_BGN = jnp.cumsum(padded_BGN, axis=-1).astype(jnp.int32)
   row_start_BGN = row_end_BGN - padded_BGN
   used_BGTK = sel_BGTK < n
@@ -344,7 +352,8 @@ def build_kv_layout(sel: MobaSelection, segment_ids_BT: jax.Array, *, num_blocks
   chunk_start_C = jnp.arange(num_chunks, dtype=jnp.int32) * r
   # Block of each chunk: how many blocks end at or before its first row.
   blk_BGC = (row_end_BGN[:, :, None, :] <= chunk_start_C[:, None]).sum(-1, dtype=jnp.int32)
-  chunk_block_BGC = jnp.where(blk_BGC < n, blk_BGC, -1).astype(jnp.int32)
+  any_tok_BGC = has_tok_BGL.reshape(b, g, num_chunks, r).any(-1)
+  chunk_block_BGC = jnp.where((blk_BGC < n) & any_tok_BGC, blk_BGC, -1).astype(jnp.int32)
   block_chunks_BGN2 = jnp.stack([row_start_BGN // r, row_end_BGN // r], axis=-1).astype(jnp.int32)
   row_pos_BGL = jnp.where(has_tok_BGL, tok_BGL, t)  # padding rows sort last in their run
   if mark_full:

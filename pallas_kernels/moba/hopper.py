@@ -170,3 +170,242 @@ def moba_forward_rows(q_BSD, layout, k_BTKD, v_BTKD, segment_ids_BT, *, block_si
   )
   return call(layout.chunk_block_BGC, steps_BGC, layout.row_seg_BGL, layout.row_pos_BGL,
               qs_BGLD, k_BTKD, v_BTKD, segment_ids_BT.astype(jnp.int32))
+
+
+# --- Persistent, warp-specialized forward ---------------------------------------------------
+
+ITEM_ROWS = 2 * _ROWS  # rows per work item: one 64-row half per compute warpgroup
+
+
+def persistent_items(layout, *, block_size: int, block_kv: int):
+  """Work items of the persistent forward: every ITEM_ROWS-row run of a (row, KV group)'s
+  sorted rows (the layout padded with pad_rows=ITEM_ROWS, so each reads one block).
+
+  Returns int32 arrays: the used items' flat ids (b * G + g) * I + i, used ones first, and
+  their count [1]; per flat id its block and its key steps (own-block items stop after
+  their last query's tile)."""
+  b, g, l = layout.row_pos_BGL.shape
+  items = l // ITEM_ROWS
+  per_item = layout.chunk_block_BGC.shape[-1] // items
+  blk = layout.chunk_block_BGC.reshape(b, g, items, per_item)[..., 0].reshape(-1)
+  pos = jnp.where(layout.row_seg_BGL != 0, layout.row_pos_BGL, 0).reshape(-1, ITEM_ROWS)
+  last = pos.max(-1) - jnp.maximum(blk, 0) * block_size
+  steps = jnp.clip(last // block_kv + 1, 1, block_size // block_kv).astype(jnp.int32)
+  used = blk >= 0
+  ids = jnp.nonzero(used, size=used.size, fill_value=0)[0].astype(jnp.int32)
+  return ids, used.sum(dtype=jnp.int32)[None], blk.astype(jnp.int32), steps
+
+
+def _persistent_kernel(ids_ref, num_ref, blk_ref, steps_ref, seg_ref, pos_ref, qs_ref, k_ref,
+                       v_ref, kseg_ref, o_ref, lse_ref, scoped, *, sm_scale, block_size,
+                       block_kv, stages, num_groups, items_per_group, grid, p_in_smem):
+  """Three warpgroups per CTA: two compute warpgroups (64 rows of an item each) and one
+  that streams the items' q tiles (two slots) and K/V tiles (`stages` slots) by TMA. Each CTA
+  runs items cta, cta + grid, ... of the used-item list, so the stream runs on across items."""
+  (q_smem, k_smem, v_smem, o_smem, lse_smem, p_smem), bars = scoped
+  q_bar, k_bar, v_bar, q_free, k_free, v_free, sched = bars
+  wg = lax.axis_index("wg")
+  cta = lax.axis_index("cta")
+  num = num_ref[0]
+  trips = jnp.maximum(num - cta + grid - 1, 0) // grid
+
+  def item_at(s):
+    flat = ids_ref[cta + s * grid]
+    i = lax.rem(flat, items_per_group)
+    bg = lax.div(flat, items_per_group)
+    return (lax.div(bg, num_groups), lax.rem(bg, num_groups), i, blk_ref[flat],
+            steps_ref[flat])
+
+  def kv_rows(b, g, j, step):
+    return (b, pl.ds(j * block_size + step * block_kv, block_kv), g)
+
+  @pl.when(wg == 2)
+  def _producer():
+    plgpu.set_max_registers(40, action="decrease")
+
+    def item_body(s, gstep):
+      b, g, i, j, n = item_at(s)
+      qslot = lax.rem(s, 2)
+      plgpu.barrier_wait(q_free.at[qslot])
+      for w in range(2):
+        plgpu.copy_gmem_to_smem(qs_ref.at[b, g, pl.ds(i * ITEM_ROWS + w * _ROWS, _ROWS)],
+                                q_smem.at[qslot, w], q_bar.at[2 * qslot + w])
+
+      def step_body(step, gstep):
+        slot = lax.rem(gstep, stages)
+        plgpu.barrier_wait(k_free.at[slot])
+        plgpu.copy_gmem_to_smem(k_ref.at[kv_rows(b, g, j, step)], k_smem.at[slot],
+                                k_bar.at[slot])
+        plgpu.barrier_wait(v_free.at[slot])
+        plgpu.copy_gmem_to_smem(v_ref.at[kv_rows(b, g, j, step)], v_smem.at[slot],
+                                v_bar.at[slot])
+        return gstep + 1
+
+      return lax.fori_loop(0, n, step_body, gstep)
+
+    lax.fori_loop(0, trips, item_body, jnp.int32(0))
+    # The compute warpgroups free every slot once more than it was filled (they free them
+    # all at the start): observe those last phases, which also waits for them to finish.
+    for qslot in range(2):
+      plgpu.barrier_wait(q_free.at[qslot])
+    for slot in range(stages):
+      plgpu.barrier_wait(k_free.at[slot])
+      plgpu.barrier_wait(v_free.at[slot])
+
+  @pl.when(wg < 2)
+  def _consumer():
+    plgpu.set_max_registers(232, action="increase")
+    row_layout = plgpu.Layout.WGMMA.reduce(1)
+    shape = (_ROWS, block_kv)
+    d = q_smem.shape[-1]
+    # Every slot starts free: one arrival per compute warpgroup.
+    for qslot in range(2):
+      plgpu.barrier_arrive(q_free.at[qslot])
+    for slot in range(stages):
+      plgpu.barrier_arrive(k_free.at[slot])
+      plgpu.barrier_arrive(v_free.at[slot])
+
+    def schedule():  # the two warpgroups take turns on the tensor cores
+      plgpu.barrier_arrive(sched)
+      plgpu.barrier_wait(sched)
+
+    pl.when(wg == 1)(schedule)
+
+    def item_body(s, gstep):
+      b, g, i, j, n = item_at(s)
+      qslot = lax.rem(s, 2)
+      rows = pl.ds(i * ITEM_ROWS + wg * _ROWS, _ROWS)
+      seg_R = plgpu.load(seg_ref.at[b, g, rows], layout=row_layout, optimized=False)
+      pos_R = plgpu.load(pos_ref.at[b, g, rows], layout=row_layout, optimized=False)
+      seg_RK = lax.broadcast_in_dim(seg_R, shape, [0])
+      pos_RK = lax.broadcast_in_dim(pos_R, shape, [0])
+      q_tile = q_smem.at[qslot, wg]
+      plgpu.barrier_wait(q_bar.at[2 * qslot + wg])
+
+      def step_body(step, carry):
+        acc, m_prev, l_prev, gstep = carry
+        slot = lax.rem(gstep, stages)
+        start = j * block_size + step * block_kv
+        plgpu.barrier_wait(k_bar.at[slot])
+
+        def qk(acc_ref):
+          plgpu.wgmma(acc_ref, q_tile, k_smem.at[slot].transpose((1, 0)))
+          schedule()
+          return acc_ref[...]
+
+        s_RK = pl.run_scoped(qk, plgpu.ACC(shape, jnp.float32))
+        plgpu.barrier_arrive(k_free.at[slot])
+
+        @pl.when(step == n - 1)
+        def _():
+          plgpu.barrier_arrive(q_free.at[qslot])  # this item's last read of its q tile
+
+        kseg_K = plgpu.load(kseg_ref.at[b, pl.ds(start, block_kv)],
+                            layout=plgpu.Layout.WGMMA.reduce(0), optimized=False)
+        kpos_RK = start + plgpu.broadcasted_iota(jnp.int32, shape, 1, layout=plgpu.Layout.WGMMA)
+        keep = ((seg_RK == lax.broadcast_in_dim(kseg_K, shape, [1])) & (seg_RK != 0)
+                & (kpos_RK <= pos_RK))
+        s_RK = jnp.where(keep, s_RK * (sm_scale * _LOG2E), _MASK)
+        m_next = jnp.maximum(m_prev, s_RK.max(axis=1))
+        corr = jnp.exp2(m_prev - m_next)
+        p = jnp.exp2(s_RK - lax.broadcast_in_dim(m_next, shape, [0]))
+        l_next = l_prev * corr + p.sum(axis=1)
+        acc = acc * lax.broadcast_in_dim(corr, acc.shape, [0])
+        p16 = p.astype(q_smem.dtype)
+        acc, l_next, m_next, p16 = lax.optimization_barrier((acc, l_next, m_next, p16))
+        plgpu.barrier_arrive(sched)  # softmax done
+        plgpu.barrier_wait(v_bar.at[slot])
+        plgpu.barrier_wait(sched)  # tensor cores free
+        if p_in_smem:  # interpret mode runs wgmma on shared-memory operands only
+          p_smem.at[wg][...] = p16
+          plgpu.commit_smem()
+          p_op = p_smem.at[wg]
+        else:
+          p_op = p16
+
+        if p_in_smem:  # interpret mode: a fresh accumulator, added (as the one-warpgroup kernel)
+          def pv_fresh(acc_ref):
+            plgpu.wgmma(acc_ref, p_op, v_smem.at[slot])
+            return acc_ref[...]
+
+          acc = acc + pl.run_scoped(pv_fresh, plgpu.ACC(acc.shape, jnp.float32))
+        else:
+          def pv(acc_ref):
+            plgpu.wgmma(acc_ref, p_op, v_smem.at[slot])
+
+          acc = pl.run_state(pv)(plgpu.ACC.init(acc))
+        plgpu.barrier_arrive(v_free.at[slot])
+        return acc, m_next, l_next, gstep + 1
+
+      init = (plgpu.layout_cast(jnp.zeros((_ROWS, d), jnp.float32), plgpu.Layout.WGMMA),
+              plgpu.layout_cast(jnp.full((_ROWS,), _MASK, jnp.float32), row_layout),
+              plgpu.layout_cast(jnp.zeros((_ROWS,), jnp.float32), row_layout), gstep)
+      acc, m, l, gstep = lax.fori_loop(0, n, step_body, init)
+      plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the previous item's stores read o_smem
+      o_smem.at[wg][...] = (acc / lax.broadcast_in_dim(l, acc.shape, [0])).astype(o_smem.dtype)
+      lse_smem.at[wg][...] = (m + jnp.log2(l)) / _LOG2E  # natural-log lse
+      plgpu.commit_smem()
+      plgpu.copy_smem_to_gmem(o_smem.at[wg], o_ref.at[b, g, rows])
+      plgpu.copy_smem_to_gmem(lse_smem.at[wg], lse_ref.at[b, g, rows])
+      return gstep
+
+    lax.fori_loop(0, trips, item_body, jnp.int32(0))
+    pl.when(wg == 0)(schedule)
+    plgpu.wait_smem_to_gmem(0)
+
+
+def moba_forward_rows_persistent(q_BSD, layout, k_BTKD, v_BTKD, segment_ids_BT, *, block_size,
+                                 bs: MobaBlockSizes, interpret: bool, block_kv: int = 128,
+                                 stages: int = 2, num_ctas: int | None = None):
+  """As moba_forward_rows, on a layout padded with pad_rows=ITEM_ROWS: one persistent CTA per
+  SM runs 128-row work items, K/V tiles of block_kv keys shared by its two compute
+  warpgroups and streamed through `stages` slots (FlashAttention-3's structure)."""
+  b, s, d = q_BSD.shape
+  _, g, l = layout.row_src_BGL.shape
+  check_supported(q_BSD.dtype, d, bs)
+  if l % ITEM_ROWS or layout.chunk_block_BGC.shape[-1] % (l // ITEM_ROWS):
+    raise ValueError(f"the persistent Mosaic forward needs a layout padded to {ITEM_ROWS} rows "
+                     "(build_kv_layout(..., pad_rows=hopper.ITEM_ROWS))")
+  bkv = min(block_kv, block_size)
+  if block_size % bkv or bkv % 64:
+    raise ValueError(f"the persistent Mosaic forward needs block_kv % 64 == 0 dividing "
+                     f"block_size={block_size}, got {bkv}")
+  qs_BGLD = jnp.take_along_axis(q_BSD[:, None], layout.row_src_BGL[..., None], axis=2)
+  ids, num, blk, steps = persistent_items(layout, block_size=block_size, block_kv=bkv)
+  if num_ctas is None:
+    num_ctas = 4 if interpret else getattr(jax.devices()[0], "core_count", 132)
+  transforms = _smem_transforms(q_BSD.dtype)
+  dt = q_BSD.dtype
+  kernel = functools.partial(
+      _persistent_kernel, sm_scale=1.0 / math.sqrt(d), block_size=block_size, block_kv=bkv,
+      stages=stages, num_groups=g, items_per_group=l // ITEM_ROWS, grid=num_ctas,
+      p_in_smem=interpret)
+
+  def entry(*refs):
+    scratch = [plgpu.SMEM((2, 2, _ROWS, d), dt, transforms=transforms),
+               plgpu.SMEM((stages, bkv, d), dt, transforms=transforms),
+               plgpu.SMEM((stages, bkv, d), dt, transforms=transforms),
+               plgpu.SMEM((2, _ROWS, d), dt, transforms=transforms),
+               plgpu.SMEM((2, _ROWS), jnp.float32),
+               plgpu.SMEM((2, _ROWS, bkv), dt, transforms=transforms) if interpret else None]
+    bars = (plgpu.Barrier(num_barriers=4), plgpu.Barrier(num_barriers=stages),
+            plgpu.Barrier(num_barriers=stages),
+            plgpu.Barrier(num_arrivals=2, num_barriers=2),
+            plgpu.Barrier(num_arrivals=2, num_barriers=stages),
+            plgpu.Barrier(num_arrivals=2, num_barriers=stages),
+            plgpu.Barrier(num_arrivals=2))
+    pl.run_scoped(lambda *scoped: kernel(*refs, scoped), scratch, bars, collective_axes="wg")
+
+  call = plgpu.kernel(
+      entry,
+      out_type=[jax.ShapeDtypeStruct((b, g, l, d), dt),
+                jax.ShapeDtypeStruct((b, g, l), jnp.float32)],
+      grid=(num_ctas,),
+      grid_names=("cta",),
+      num_threads=3,
+      thread_name="wg",
+      compiler_params=plgpu.CompilerParams(approx_math=True),
+      interpret=plgpu.InterpretGPUParams() if interpret else False,
+  )
+  return call(ids, num, blk, steps, layout.row_seg_BGL, layout.row_pos_BGL, qs_BGLD, k_BTKD,
+              v_BTKD, segment_ids_BT.astype(jnp.int32))
