@@ -201,8 +201,10 @@ def _persistent_kernel(ids_ref, num_ref, blk_ref, steps_ref, seg_ref, pos_ref, q
                        block_kv, stages, num_groups, items_per_group, grid, p_in_smem):
   """Three warpgroups per CTA: two compute warpgroups (64 rows of an item each) and one
   that streams the items' q tiles (two slots) and K/V tiles (`stages` slots) by TMA. Each CTA
-  runs items cta, cta + grid, ... of the used-item list, so the stream runs on across items."""
-  (q_smem, k_smem, v_smem, o_smem, lse_smem, p_smem), bars = scoped
+  runs items cta, cta + grid, ... of the used-item list, so the stream runs on across items.
+  A compute warpgroup writes its output through its q tile and frees the tile (and so the
+  q slot for the item after next) once that copy has read it."""
+  (q_smem, k_smem, v_smem, lse_smem, p_smem), bars = scoped
   q_bar, k_bar, v_bar, q_free, k_free, v_free, sched = bars
   wg = lax.axis_index("wg")
   cta = lax.axis_index("cta")
@@ -295,11 +297,6 @@ def _persistent_kernel(ids_ref, num_ref, blk_ref, steps_ref, seg_ref, pos_ref, q
 
         s_RK = pl.run_scoped(qk, plgpu.ACC(shape, jnp.float32))
         plgpu.barrier_arrive(k_free.at[slot])
-
-        @pl.when(step == n - 1)
-        def _():
-          plgpu.barrier_arrive(q_free.at[qslot])  # this item's last read of its q tile
-
         kseg_K = plgpu.load(kseg_ref.at[b, pl.ds(start, block_kv)],
                             layout=plgpu.Layout.WGMMA.reduce(0), optimized=False)
         kpos_RK = start + plgpu.broadcasted_iota(jnp.int32, shape, 1, layout=plgpu.Layout.WGMMA)
@@ -341,12 +338,14 @@ def _persistent_kernel(ids_ref, num_ref, blk_ref, steps_ref, seg_ref, pos_ref, q
               plgpu.layout_cast(jnp.full((_ROWS,), _MASK, jnp.float32), row_layout),
               plgpu.layout_cast(jnp.zeros((_ROWS,), jnp.float32), row_layout), gstep)
       acc, m, l, gstep = lax.fori_loop(0, n, step_body, init)
-      plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the previous item's stores read o_smem
-      o_smem.at[wg][...] = (acc / lax.broadcast_in_dim(l, acc.shape, [0])).astype(o_smem.dtype)
+      # The output leaves through the item's q tile, which is freed once the copy has read it.
+      q_tile[...] = (acc / lax.broadcast_in_dim(l, acc.shape, [0])).astype(q_smem.dtype)
       lse_smem.at[wg][...] = (m + jnp.log2(l)) / _LOG2E  # natural-log lse
       plgpu.commit_smem()
-      plgpu.copy_smem_to_gmem(o_smem.at[wg], o_ref.at[b, g, rows])
+      plgpu.copy_smem_to_gmem(q_tile, o_ref.at[b, g, rows])
       plgpu.copy_smem_to_gmem(lse_smem.at[wg], lse_ref.at[b, g, rows])
+      plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+      plgpu.barrier_arrive(q_free.at[qslot])
       return gstep
 
     lax.fori_loop(0, trips, item_body, jnp.int32(0))
@@ -385,7 +384,6 @@ def moba_forward_rows_persistent(q_BSD, layout, k_BTKD, v_BTKD, segment_ids_BT, 
     scratch = [plgpu.SMEM((2, 2, _ROWS, d), dt, transforms=transforms),
                plgpu.SMEM((stages, bkv, d), dt, transforms=transforms),
                plgpu.SMEM((stages, bkv, d), dt, transforms=transforms),
-               plgpu.SMEM((2, _ROWS, d), dt, transforms=transforms),
                plgpu.SMEM((2, _ROWS), jnp.float32),
                plgpu.SMEM((2, _ROWS, bkv), dt, transforms=transforms) if interpret else None]
     bars = (plgpu.Barrier(num_barriers=4), plgpu.Barrier(num_barriers=stages),
