@@ -59,6 +59,34 @@ def test_rows_match_triton_forward(hq, hkv, block_size, kernel):
                              np.asarray(want_o, np.float32)[real_BGL], rtol=2 ** -7, atol=1e-3)
 
 
+def test_persistent_full_items_match_triton_forward():
+  """One long document and every block chosen: most work items are full (run without the
+  mask); their rows still equal the Triton kernel's."""
+  rng = np.random.default_rng()
+  b, t, hq, hkv, d, block_size, k_max = 1, 512, 2, 1, 64, 64, 4
+  q, k, v, _ = make_inputs(rng, b, t, hq, hkv, d, jnp.bfloat16)
+  seg = jnp.ones((b, t), jnp.int32)
+  budget = jnp.asarray([k_max], jnp.int32)
+  sel = moba_gate(q, k, seg, budget, block_size=block_size, k_max=k_max)
+  layout = build_kv_layout(sel, seg, num_blocks=t // block_size, group_size=hq // hkv,
+                           block_rows=64, pad_rows=hopper.ITEM_ROWS)
+  ids, num, _, _, full = hopper.persistent_items(layout, seg, block_size=block_size,
+                                                 block_kv=64)
+  used_full = np.asarray(full)[np.asarray(ids)[:int(num[0])]]
+  assert 0 < used_full.sum() < used_full.size  # full and masked items both run
+  args = (q.reshape(b, t * hq, d), layout, k, v, seg)
+  want_o, want_lse = kernels.moba_forward_rows(*args, block_size=block_size, bs=HOPPER,
+                                               interpret=True)
+  got_o, got_lse = hopper.moba_forward_rows_persistent(*args, block_size=block_size, bs=HOPPER,
+                                                       interpret=True, num_ctas=2)
+  real = np.repeat(np.asarray(layout.chunk_block_BGC) >= 0, 64, axis=-1) & (
+      np.asarray(layout.row_seg_BGL) != 0)
+  np.testing.assert_allclose(np.asarray(got_lse)[real], np.asarray(want_lse)[real],
+                             rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(np.asarray(got_o, np.float32)[real],
+                             np.asarray(want_o, np.float32)[real], rtol=2 ** -7, atol=1e-3)
+
+
 @pytest.mark.parametrize("forward_kernel", ["mosaic", "mosaic_persistent"])
 def test_attention_with_mosaic_forward_matches_reference(forward_kernel):
   rng = np.random.default_rng()

@@ -357,7 +357,7 @@ def build_kv_layout(sel: MobaSelection, segment_ids_BT: jax.Array, *, num_blocks
   block_chunks_BGN2 = jnp.stack([row_start_BGN // r, row_end_BGN // r], axis=-1).astype(jnp.int32)
   row_pos_BGL = jnp.where(has_tok_BGL, tok_BGL, t)  # padding rows sort last in their run
   if mark_full:
-    chunk_full_BGC = _full_chunks(chunk_block_BGC, row_seg_BGL, row_pos_BGL, segment_ids_BT,
+    chunk_full_BGC = full_chunks(chunk_block_BGC, row_seg_BGL, row_pos_BGL, segment_ids_BT,
                                   num_blocks=n, block_rows=r)
   else:
     chunk_full_BGC = jnp.zeros_like(chunk_block_BGC)
@@ -366,7 +366,7 @@ def build_kv_layout(sel: MobaSelection, segment_ids_BT: jax.Array, *, num_blocks
                       chunk_full_BGC=chunk_full_BGC, block_chunks_BGN2=block_chunks_BGN2)
 
 
-def _full_chunks(chunk_block_BGC, row_seg_BGL, row_pos_BGL, segment_ids_BT, *, num_blocks,
+def full_chunks(chunk_block_BGC, row_seg_BGL, row_pos_BGL, segment_ids_BT, *, num_blocks,
                  block_rows) -> jax.Array:
   """int32 [B, G, C]: 1 where a chunk attends every pair of its block (MobaKVLayout)."""
   b, g, c = chunk_block_BGC.shape

@@ -27,6 +27,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+from pallas_kernels.moba import gating
 from pallas_kernels.moba.kernels import _LOG2E, _MASK, MobaBlockSizes
 
 _ROWS = 64  # one warpgroup's wgmma M
@@ -51,6 +52,12 @@ def check_supported(q_dtype, head_dim: int, bs: MobaBlockSizes) -> None:
   if bs.block_k % 64:
     raise ValueError(f"the Mosaic GPU kernel needs MobaBlockSizes.block_k % 64 == 0, got "
                      f"{bs.block_k}")
+
+
+def gather_rows(x_BSD, row_src_BGL) -> jax.Array:
+  """[B, G, L, D]: the sorted rows of x (TMA copies boxes, not row lists). Indexed as whole
+  rows, so XLA emits a row gather rather than one index per element."""
+  return jax.vmap(lambda x_SD, src_GL: x_SD[src_GL])(x_BSD, row_src_BGL)
 
 
 def chunk_key_steps(layout, *, block_size: int, block_k: int) -> jax.Array:
@@ -148,7 +155,7 @@ def moba_forward_rows(q_BSD, layout, k_BTKD, v_BTKD, segment_ids_BT, *, block_si
   _, g, l = layout.row_src_BGL.shape
   check_supported(q_BSD.dtype, d, bs)
   # Rows no chunk reads (unused chunks) are never written: callers read only used rows.
-  qs_BGLD = jnp.take_along_axis(q_BSD[:, None], layout.row_src_BGL[..., None], axis=2)
+  qs_BGLD = gather_rows(q_BSD, layout.row_src_BGL)
   steps_BGC = chunk_key_steps(layout, block_size=block_size, block_k=bs.block_k)
   kernel = functools.partial(_fwd_kernel, sm_scale=1.0 / math.sqrt(d), block_size=block_size,
                              block_k=bs.block_k,
@@ -177,26 +184,31 @@ def moba_forward_rows(q_BSD, layout, k_BTKD, v_BTKD, segment_ids_BT, *, block_si
 ITEM_ROWS = 2 * _ROWS  # rows per work item: one 64-row half per compute warpgroup
 
 
-def persistent_items(layout, *, block_size: int, block_kv: int):
+def persistent_items(layout, segment_ids_BT, *, block_size: int, block_kv: int):
   """Work items of the persistent forward: every ITEM_ROWS-row run of a (row, KV group)'s
   sorted rows (the layout padded with pad_rows=ITEM_ROWS, so each reads one block).
 
   Returns int32 arrays: the used items' flat ids (b * G + g) * I + i, used ones first, and
-  their count [1]; per flat id its block and its key steps (own-block items stop after
-  their last query's tile)."""
+  their count [1]; per flat id its block, its key steps (own-block items stop after their
+  last query's tile) and whether it is full (every (row, key) pair attended: no mask)."""
   b, g, l = layout.row_pos_BGL.shape
   items = l // ITEM_ROWS
   per_item = layout.chunk_block_BGC.shape[-1] // items
-  blk = layout.chunk_block_BGC.reshape(b, g, items, per_item)[..., 0].reshape(-1)
+  blk_BGI = layout.chunk_block_BGC.reshape(b, g, items, per_item)[..., 0]
+  blk = blk_BGI.reshape(-1)
   pos = jnp.where(layout.row_seg_BGL != 0, layout.row_pos_BGL, 0).reshape(-1, ITEM_ROWS)
   last = pos.max(-1) - jnp.maximum(blk, 0) * block_size
   steps = jnp.clip(last // block_kv + 1, 1, block_size // block_kv).astype(jnp.int32)
+  full = gating.full_chunks(blk_BGI, layout.row_seg_BGL, layout.row_pos_BGL, segment_ids_BT,
+                            num_blocks=segment_ids_BT.shape[1] // block_size,
+                            block_rows=ITEM_ROWS).reshape(-1)
   used = blk >= 0
   ids = jnp.nonzero(used, size=used.size, fill_value=0)[0].astype(jnp.int32)
-  return ids, used.sum(dtype=jnp.int32)[None], blk.astype(jnp.int32), steps
+  return ids, used.sum(dtype=jnp.int32)[None], blk.astype(jnp.int32), steps, full
 
 
-def _persistent_kernel(ids_ref, num_ref, blk_ref, steps_ref, seg_ref, pos_ref, qs_ref, k_ref,
+def _persistent_kernel(ids_ref, num_ref, blk_ref, steps_ref, full_ref, seg_ref, pos_ref, qs_ref,
+                       k_ref,
                        v_ref, kseg_ref, o_ref, lse_ref, scoped, *, sm_scale, block_size,
                        block_kv, stages, num_groups, items_per_group, grid, p_in_smem):
   """Three warpgroups per CTA: two compute warpgroups (64 rows of an item each) and one
@@ -216,7 +228,7 @@ def _persistent_kernel(ids_ref, num_ref, blk_ref, steps_ref, seg_ref, pos_ref, q
     i = lax.rem(flat, items_per_group)
     bg = lax.div(flat, items_per_group)
     return (lax.div(bg, num_groups), lax.rem(bg, num_groups), i, blk_ref[flat],
-            steps_ref[flat])
+            steps_ref[flat], full_ref[flat])
 
   def kv_rows(b, g, j, step):
     return (b, pl.ds(j * block_size + step * block_kv, block_kv), g)
@@ -226,7 +238,7 @@ def _persistent_kernel(ids_ref, num_ref, blk_ref, steps_ref, seg_ref, pos_ref, q
     plgpu.set_max_registers(40, action="decrease")
 
     def item_body(s, gstep):
-      b, g, i, j, n = item_at(s)
+      b, g, i, j, n, _ = item_at(s)
       qslot = lax.rem(s, 2)
       plgpu.barrier_wait(q_free.at[qslot])
       for w in range(2):
@@ -274,7 +286,7 @@ def _persistent_kernel(ids_ref, num_ref, blk_ref, steps_ref, seg_ref, pos_ref, q
     pl.when(wg == 1)(schedule)
 
     def item_body(s, gstep):
-      b, g, i, j, n = item_at(s)
+      b, g, i, j, n, full = item_at(s)
       qslot = lax.rem(s, 2)
       rows = pl.ds(i * ITEM_ROWS + wg * _ROWS, _ROWS)
       seg_R = plgpu.load(seg_ref.at[b, g, rows], layout=row_layout, optimized=False)
@@ -297,12 +309,16 @@ def _persistent_kernel(ids_ref, num_ref, blk_ref, steps_ref, seg_ref, pos_ref, q
 
         s_RK = pl.run_scoped(qk, plgpu.ACC(shape, jnp.float32))
         plgpu.barrier_arrive(k_free.at[slot])
-        kseg_K = plgpu.load(kseg_ref.at[b, pl.ds(start, block_kv)],
-                            layout=plgpu.Layout.WGMMA.reduce(0), optimized=False)
-        kpos_RK = start + plgpu.broadcasted_iota(jnp.int32, shape, 1, layout=plgpu.Layout.WGMMA)
-        keep = ((seg_RK == lax.broadcast_in_dim(kseg_K, shape, [1])) & (seg_RK != 0)
-                & (kpos_RK <= pos_RK))
-        s_RK = jnp.where(keep, s_RK * (sm_scale * _LOG2E), _MASK)
+        def masked(s_RK):
+          kseg_K = plgpu.load(kseg_ref.at[b, pl.ds(start, block_kv)],
+                              layout=plgpu.Layout.WGMMA.reduce(0), optimized=False)
+          kpos_RK = start + plgpu.broadcasted_iota(jnp.int32, shape, 1,
+                                                   layout=plgpu.Layout.WGMMA)
+          keep = ((seg_RK == lax.broadcast_in_dim(kseg_K, shape, [1])) & (seg_RK != 0)
+                  & (kpos_RK <= pos_RK))
+          return jnp.where(keep, s_RK * (sm_scale * _LOG2E), _MASK)
+
+        s_RK = lax.cond(full != 0, lambda s_RK: s_RK * (sm_scale * _LOG2E), masked, s_RK)
         m_next = jnp.maximum(m_prev, s_RK.max(axis=1))
         corr = jnp.exp2(m_prev - m_next)
         p = jnp.exp2(s_RK - lax.broadcast_in_dim(m_next, shape, [0]))
@@ -369,8 +385,9 @@ def moba_forward_rows_persistent(q_BSD, layout, k_BTKD, v_BTKD, segment_ids_BT, 
   if block_size % bkv or bkv % 64:
     raise ValueError(f"the persistent Mosaic forward needs block_kv % 64 == 0 dividing "
                      f"block_size={block_size}, got {bkv}")
-  qs_BGLD = jnp.take_along_axis(q_BSD[:, None], layout.row_src_BGL[..., None], axis=2)
-  ids, num, blk, steps = persistent_items(layout, block_size=block_size, block_kv=bkv)
+  qs_BGLD = gather_rows(q_BSD, layout.row_src_BGL)
+  ids, num, blk, steps, full = persistent_items(layout, segment_ids_BT, block_size=block_size,
+                                                block_kv=bkv)
   if num_ctas is None:
     num_ctas = 4 if interpret else getattr(jax.devices()[0], "core_count", 132)
   transforms = _smem_transforms(q_BSD.dtype)
@@ -405,5 +422,5 @@ def moba_forward_rows_persistent(q_BSD, layout, k_BTKD, v_BTKD, segment_ids_BT, 
       compiler_params=plgpu.CompilerParams(approx_math=True),
       interpret=plgpu.InterpretGPUParams() if interpret else False,
   )
-  return call(ids, num, blk, steps, layout.row_seg_BGL, layout.row_pos_BGL, qs_BGLD, k_BTKD,
+  return call(ids, num, blk, steps, full, layout.row_seg_BGL, layout.row_pos_BGL, qs_BGLD, k_BTKD,
               v_BTKD, segment_ids_BT.astype(jnp.int32))
