@@ -188,8 +188,10 @@ def profile_stages(t, block, k, hq, hkv, d, variants, reps):
         q_flat, lay, k_, v, seg, block_size=block, bs=bs, interpret=INTERPRET))
     row[f"fwd_kernel_ms_{tag}"] = timeit(fwd, q_flat, k_, v, reps=reps)
     try:  # the Hopper forward (its q row gather included), where the variant fits it
+      lay_h = build_kv_layout(sel, seg, num_blocks=n, group_size=gh, block_rows=bs.block_rows,
+                              mark_full=bs.skip_full_masks, pad_rows=hopper.ITEM_ROWS)
       fwd_h = jax.jit(lambda q_flat, k_, v: hopper.moba_forward_rows(
-          q_flat, lay, k_, v, seg, block_size=block, bs=bs, interpret=INTERPRET))
+          q_flat, lay_h, k_, v, seg, block_size=block, bs=bs, interpret=INTERPRET))
       row[f"fwd_mosaic_kernel_ms_{tag}"] = timeit(fwd_h, q_flat, k_, v, reps=reps)
     except ValueError as e:
       print(f"mosaic forward skipped for {tag}: {e}", flush=True)

@@ -1,6 +1,6 @@
-"""The persistent warp-specialized Mosaic GPU forward (hopper.moba_forward_rows_persistent)
-timed alone beside the Triton forward kernel at one attention shape, for several key tiles and
-pipeline depths; every configuration's rows checked against the Triton kernel's with the same
+"""The persistent warp-specialized Mosaic GPU forward (hopper.moba_forward_rows) timed alone
+beside the Triton forward kernel at one attention shape, for several key tiles and pipeline
+depths; every configuration's rows checked against the Triton kernel's with the same
 key tile first. GPU only.
 
     python experiments/persistent_forward.py --heads h128 --block 512 --k 3 \\
@@ -58,10 +58,10 @@ def main():
         np.asarray(lay.row_seg_BGL) != 0)
     for cfg in args.configs:
       bkv, stages = (int(x) for x in cfg.split(","))
-      row = dict(kernel="mosaic_persistent", block_k=bkv, stages=stages)
+      row = dict(kernel="mosaic", block_k=bkv, stages=stages)
       try:
         pers = jax.jit(lambda q_flat, k, v, lay=lay, bkv=bkv, stages=stages:
-                       hopper.moba_forward_rows_persistent(
+                       hopper.moba_forward_rows(
                            q_flat, lay, k, v, seg, block_size=block, bs=base, interpret=False,
                            block_kv=bkv, stages=stages))
         got_o, got_lse = pers(q_flat, k, v)

@@ -1,9 +1,8 @@
 """The Mosaic GPU (Hopper) forward kernel: GPU interpret mode on CPU against the Triton
-forward kernel row by row and against the dense reference end to end; its argument
-checks; a GPU-marked check of the compiled kernel on an H200."""
+forward kernel row by row (masked and full work items) and against the dense reference end
+to end; its argument checks; a GPU-marked check of the compiled kernel on an H200."""
 
 import dataclasses
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -17,15 +16,12 @@ from tests.test_moba_kernel import TOL, make_inputs, rel_err, run_both
 HOPPER = MobaBlockSizes(block_rows=64, block_k=64, block_k_dkv=64)
 
 
-@pytest.mark.parametrize("hq, hkv, block_size, kernel", [
-    (2, 1, 128, "mosaic"), (4, 4, 64, "mosaic"), (2, 1, 128, "persistent"),
-    (4, 4, 64, "persistent"), (2, 2, 256, "persistent")])
-def test_rows_match_triton_forward(hq, hkv, block_size, kernel):
+@pytest.mark.parametrize("hq, hkv, block_size", [(2, 1, 128), (4, 4, 64), (2, 2, 256)])
+def test_rows_match_triton_forward(hq, hkv, block_size):
   """Partial outputs and lse of every row a used chunk holds: the same function as the
   Triton kernel's with the same key tiles (so the same bf16 roundings of P), on fresh inputs
-  with packed documents and ragged budgets. The persistent kernel runs three CTAs, each
-  several work items of two chunks, through one K/V stream; its 128-key tiles where the
-  block holds them."""
+  with packed documents and ragged budgets. Three persistent CTAs, each running several work
+  items of two chunks through one K/V stream; 128-key tiles where the block holds them."""
   rng = np.random.default_rng()
   b, t, d, k_max = 2, 4 * block_size, 64, 3
   q, k, v, _ = make_inputs(rng, b, t, hq, hkv, d, jnp.bfloat16)
@@ -33,19 +29,14 @@ def test_rows_match_triton_forward(hq, hkv, block_size, kernel):
   budget = jnp.asarray(rng.integers(1, k_max + 1, size=b), jnp.int32)
   sel = moba_gate(q, k, seg, budget, block_size=block_size, k_max=k_max)
   layout = build_kv_layout(sel, seg, num_blocks=t // block_size, group_size=hq // hkv,
-                           block_rows=HOPPER.block_rows,
-                           pad_rows=hopper.ITEM_ROWS if kernel == "persistent" else None)
+                           block_rows=HOPPER.block_rows, pad_rows=hopper.ITEM_ROWS)
   q_BSD = q.reshape(b, t * hq, d)
   args = (q_BSD, layout, k, v, seg)
-  if kernel == "persistent":
-    tiles = dataclasses.replace(HOPPER, block_k=min(128, block_size))
-    fwd = functools.partial(hopper.moba_forward_rows_persistent, block_kv=tiles.block_k,
-                            num_ctas=3)
-  else:
-    tiles, fwd = HOPPER, hopper.moba_forward_rows
+  tiles = dataclasses.replace(HOPPER, block_k=min(128, block_size))
   want_o, want_lse = kernels.moba_forward_rows(*args, block_size=block_size, bs=tiles,
                                                interpret=True)
-  got_o, got_lse = fwd(*args, block_size=block_size, bs=HOPPER, interpret=True)
+  got_o, got_lse = hopper.moba_forward_rows(*args, block_size=block_size, bs=HOPPER,
+                                            interpret=True, block_kv=tiles.block_k, num_ctas=3)
   assert got_o.dtype == jnp.bfloat16 and got_lse.dtype == jnp.float32
   used_BGL = np.repeat(np.asarray(layout.chunk_block_BGC) >= 0, HOPPER.block_rows, axis=-1)
   real_BGL = used_BGL & (np.asarray(layout.row_seg_BGL) != 0)
@@ -77,8 +68,8 @@ def test_persistent_full_items_match_triton_forward():
   args = (q.reshape(b, t * hq, d), layout, k, v, seg)
   want_o, want_lse = kernels.moba_forward_rows(*args, block_size=block_size, bs=HOPPER,
                                                interpret=True)
-  got_o, got_lse = hopper.moba_forward_rows_persistent(*args, block_size=block_size, bs=HOPPER,
-                                                       interpret=True, num_ctas=2)
+  got_o, got_lse = hopper.moba_forward_rows(*args, block_size=block_size, bs=HOPPER,
+                                            interpret=True, num_ctas=2)
   real = np.repeat(np.asarray(layout.chunk_block_BGC) >= 0, 64, axis=-1) & (
       np.asarray(layout.row_seg_BGL) != 0)
   np.testing.assert_allclose(np.asarray(got_lse)[real], np.asarray(want_lse)[real],
@@ -87,15 +78,14 @@ def test_persistent_full_items_match_triton_forward():
                              np.asarray(want_o, np.float32)[real], rtol=2 ** -7, atol=1e-3)
 
 
-@pytest.mark.parametrize("forward_kernel", ["mosaic", "mosaic_persistent"])
-def test_attention_with_mosaic_forward_matches_reference(forward_kernel):
+def test_attention_with_mosaic_forward_matches_reference():
   rng = np.random.default_rng()
   b, t, block_size, k_max = 2, 256, 64, 3
   q, k, v, do = make_inputs(rng, b, t, 4, 2, 64, jnp.bfloat16)
   seg = packed_segments(rng, b, t, block_size, aligned=True)
   budget = jnp.asarray(rng.integers(1, k_max + 1, size=b), jnp.int32)
   got, want = run_both(q, k, v, do, seg, budget, block_size, k_max, bs=HOPPER,
-                       forward_kernel=forward_kernel)
+                       forward_kernel="mosaic")
   for name, g, w in zip(("out", "dq", "dk", "dv"), got, want):
     assert rel_err(g, w) < TOL[jnp.bfloat16], (name, rel_err(g, w))
   pad = np.asarray(seg) == 0
@@ -130,9 +120,39 @@ def test_gpu_compiled_mosaic_forward_matches_reference():
     q, k, v, do = make_inputs(rng, b, t, hq, hkv, d, jnp.bfloat16)
     seg = packed_segments(rng, b, t, block_size, aligned=True)
     budget = jnp.asarray([2, 4], jnp.int32)
-    for fwd in ("mosaic", "mosaic_persistent"):
-      got, want = run_both(q, k, v, do, seg, budget, block_size, k_max,
-                           bs=MobaBlockSizes(block_k=128), interpret=False,
-                           forward_kernel=fwd)
-      for name, g, w in zip(("out", "dq", "dk", "dv"), got, want):
-        assert rel_err(g, w) < TOL[jnp.bfloat16], (fwd, hq, hkv, d, name, rel_err(g, w))
+    got, want = run_both(q, k, v, do, seg, budget, block_size, k_max,
+                         bs=MobaBlockSizes(block_k=128), interpret=False,
+                         forward_kernel="mosaic")
+    for name, g, w in zip(("out", "dq", "dk", "dv"), got, want):
+      assert rel_err(g, w) < TOL[jnp.bfloat16], (hq, hkv, d, name, rel_err(g, w))
+
+
+@pytest.mark.parametrize("hq, hkv, d, block_size, stages, fits", [
+    (16, 16, 128, 512, 2, True), (14, 2, 64, 256, 2, True), (16, 16, 128, 512, 3, False)])
+def test_forward_fits_h200_shared_memory(hq, hkv, d, block_size, stages, fits):
+  """Lowered ahead of time for an H200 on the CPU (Mosaic GPU sizes shared memory while
+  lowering): the default configuration fits at the headline shapes, three 128-key stages at
+  head_dim 128 do not."""
+  from jax.sharding import AbstractMesh
+  from experiments.triton_ir import H200
+  from pallas_kernels.moba.attention import _fused_gate
+  t, k_max = 32768, 3
+  shape = lambda h: jax.ShapeDtypeStruct((1, t, h, d), jnp.bfloat16)
+
+  def fwd(q, k, v, seg, budget):
+    sel = _fused_gate(q, k, seg, budget, block_size=block_size, k_max=k_max, interpret=False)
+    layout = build_kv_layout(sel, seg, num_blocks=t // block_size, group_size=hq // hkv,
+                             block_rows=64, mark_full=False, pad_rows=hopper.ITEM_ROWS)
+    return hopper.moba_forward_rows(q.reshape(1, t * hq, d), layout, k, v, seg,
+                                    block_size=block_size, bs=HOPPER, interpret=False,
+                                    stages=stages, num_ctas=132)
+
+  args = (shape(hq), shape(hkv), shape(hkv), jax.ShapeDtypeStruct((1, t), jnp.int32),
+          jax.ShapeDtypeStruct((1,), jnp.int32))
+  with jax.sharding.use_abstract_mesh(AbstractMesh((1,), ("x",), abstract_device=H200)):
+    lower = lambda: jax.jit(fwd).trace(*args).lower(lowering_platforms=("cuda",))
+    if fits:
+      assert "mosaic_gpu" in lower().as_text()
+    else:
+      with pytest.raises(ValueError, match="shared memory"):
+        lower()

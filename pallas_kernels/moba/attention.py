@@ -37,10 +37,9 @@ def _group_to_BTH(x_BGTGh, b, t, hq):
   return jnp.moveaxis(x_BGTGh, 1, 2).reshape(b, t, hq, *rest)
 
 
-FORWARD_KERNELS = {"triton": kernels.moba_forward_rows, "mosaic": hopper.moba_forward_rows,
-                   "mosaic_persistent": hopper.moba_forward_rows_persistent}
+FORWARD_KERNELS = {"triton": kernels.moba_forward_rows, "mosaic": hopper.moba_forward_rows}
 # Rows each block's run is padded to, where a forward needs more than block_rows.
-_PAD_ROWS = {"mosaic_persistent": hopper.ITEM_ROWS}
+_PAD_ROWS = {"mosaic": hopper.ITEM_ROWS}
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8, 9, 10))
@@ -155,7 +154,7 @@ def moba_attention(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, budget_B, *, block_si
                      f"{k_BTKD.dtype}, {v_BTKD.dtype}")
   bs = (block_sizes or MobaBlockSizes()).fit(block_size, q_BTHD.shape[-1])
   bs.check(block_size)
-  if forward_kernel.startswith("mosaic"):
+  if forward_kernel == "mosaic":
     hopper.check_supported(q_BTHD.dtype, q_BTHD.shape[-1], bs)
   segment_ids_BT = segment_ids_BT.astype(jnp.int32)
   ok_B = gating.check_budget(budget_B, k_max=k_max)
