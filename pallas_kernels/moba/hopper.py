@@ -88,17 +88,20 @@ def persistent_items(layout, segment_ids_BT, *, block_size: int, block_kv: int):
   return ids, used.sum(dtype=jnp.int32)[None], blk.astype(jnp.int32), steps, full
 
 
-def _fwd_kernel(ids_ref, num_ref, blk_ref, steps_ref, full_ref, seg_ref, pos_ref, qs_ref,
-                       k_ref,
-                       v_ref, kseg_ref, o_ref, lse_ref, scoped, *, sm_scale, block_size,
-                       block_kv, stages, num_groups, items_per_group, grid, p_in_smem):
+def _fwd_kernel(ids_ref, num_ref, blk_ref, steps_ref, full_ref, src_ref, seg_ref, pos_ref, q_ref,
+                k_ref, v_ref, kseg_ref, o_ref, lse_ref, scoped, *, sm_scale, block_size, block_kv,
+                stages, num_groups, items_per_group, grid, p_in_smem):
   """Three warpgroups per CTA: two compute warpgroups (64 rows of an item each) and one
-  that streams the items' q tiles (two slots) and K/V tiles (`stages` slots) by TMA. Each CTA
-  runs items cta, cta + grid, ... of the used-item list, so the stream runs on across items.
-  A compute warpgroup writes its output through its q tile and frees the tile (and so the
-  q slot for the item after next) once that copy has read it."""
-  (q_smem, k_smem, v_smem, lse_smem, p_smem), bars = scoped
-  q_bar, k_bar, v_bar, q_free, k_free, v_free, sched = bars
+  that streams the items' query rows (two slots) and K/V tiles (`stages` slots) by TMA. Each
+  CTA runs items cta, cta + grid, ... of the used-item list, so the stream runs on across
+  items.
+
+  TMA copies boxes, and the wgmma operand layout (8-row swizzled tiles) takes no single-row
+  copies, so an item's query rows are gathered row by row into a plain staging buffer (the
+  row ids first, by one copy into shared memory), and each compute warpgroup moves its half
+  into its swizzled q tile through registers; its output leaves through that tile."""
+  (stage_smem, q_smem, idx_smem, k_smem, v_smem, lse_smem, p_smem), bars = scoped
+  idx_bar, q_bar, k_bar, v_bar, q_free, k_free, v_free, sched = bars
   wg = lax.axis_index("wg")
   cta = lax.axis_index("cta")
   num = num_ref[0]
@@ -120,11 +123,14 @@ def _fwd_kernel(ids_ref, num_ref, blk_ref, steps_ref, full_ref, seg_ref, pos_ref
 
     def item_body(s, gstep):
       b, g, i, j, n, _ = item_at(s)
-      qslot = lax.rem(s, 2)
-      plgpu.barrier_wait(q_free.at[qslot])
+      plgpu.copy_gmem_to_smem(src_ref.at[b, g, pl.ds(i * ITEM_ROWS, ITEM_ROWS)], idx_smem,
+                              idx_bar)
+      plgpu.barrier_wait(idx_bar)
+      plgpu.barrier_wait(q_free)  # both halves of the previous item moved to their q tiles
       for w in range(2):
-        plgpu.copy_gmem_to_smem(qs_ref.at[b, g, pl.ds(i * ITEM_ROWS + w * _ROWS, _ROWS)],
-                                q_smem.at[qslot, w], q_bar.at[2 * qslot + w])
+        for r in range(_ROWS):
+          plgpu.copy_gmem_to_smem(q_ref.at[b, pl.ds(idx_smem[w * _ROWS + r], 1)],
+                                  stage_smem.at[w, pl.ds(r, 1)], q_bar.at[w])
 
       def step_body(step, gstep):
         slot = lax.rem(gstep, stages)
@@ -141,8 +147,7 @@ def _fwd_kernel(ids_ref, num_ref, blk_ref, steps_ref, full_ref, seg_ref, pos_ref
     lax.fori_loop(0, trips, item_body, jnp.int32(0))
     # The compute warpgroups free every slot once more than it was filled (they free them
     # all at the start): observe those last phases, which also waits for them to finish.
-    for qslot in range(2):
-      plgpu.barrier_wait(q_free.at[qslot])
+    plgpu.barrier_wait(q_free)
     for slot in range(stages):
       plgpu.barrier_wait(k_free.at[slot])
       plgpu.barrier_wait(v_free.at[slot])
@@ -154,8 +159,7 @@ def _fwd_kernel(ids_ref, num_ref, blk_ref, steps_ref, full_ref, seg_ref, pos_ref
     shape = (_ROWS, block_kv)
     d = q_smem.shape[-1]
     # Every slot starts free: one arrival per compute warpgroup.
-    for qslot in range(2):
-      plgpu.barrier_arrive(q_free.at[qslot])
+    plgpu.barrier_arrive(q_free)
     for slot in range(stages):
       plgpu.barrier_arrive(k_free.at[slot])
       plgpu.barrier_arrive(v_free.at[slot])
@@ -168,14 +172,16 @@ def _fwd_kernel(ids_ref, num_ref, blk_ref, steps_ref, full_ref, seg_ref, pos_ref
 
     def item_body(s, gstep):
       b, g, i, j, n, full = item_at(s)
-      qslot = lax.rem(s, 2)
       rows = pl.ds(i * ITEM_ROWS + wg * _ROWS, _ROWS)
       seg_R = plgpu.load(seg_ref.at[b, g, rows], layout=row_layout, optimized=False)
       pos_R = plgpu.load(pos_ref.at[b, g, rows], layout=row_layout, optimized=False)
       seg_RK = lax.broadcast_in_dim(seg_R, shape, [0])
       pos_RK = lax.broadcast_in_dim(pos_R, shape, [0])
-      q_tile = q_smem.at[qslot, wg]
-      plgpu.barrier_wait(q_bar.at[2 * qslot + wg])
+      q_tile = q_smem.at[wg]
+      plgpu.barrier_wait(q_bar.at[wg])
+      q_tile[...] = stage_smem.at[wg][...]
+      plgpu.commit_smem()
+      plgpu.barrier_arrive(q_free)  # the staging buffer may take the next item's rows
 
       def step_body(step, carry):
         acc, m_prev, l_prev, gstep = carry
@@ -235,14 +241,14 @@ def _fwd_kernel(ids_ref, num_ref, blk_ref, steps_ref, full_ref, seg_ref, pos_ref
               plgpu.layout_cast(jnp.full((_ROWS,), _MASK, jnp.float32), row_layout),
               plgpu.layout_cast(jnp.zeros((_ROWS,), jnp.float32), row_layout), gstep)
       acc, m, l, gstep = lax.fori_loop(0, n, step_body, init)
-      # The output leaves through the item's q tile, which is freed once the copy has read it.
+      # The output leaves through the q tile, which the next item's rows overwrite once the
+      # copy has read it.
       q_tile[...] = (acc / lax.broadcast_in_dim(l, acc.shape, [0])).astype(q_smem.dtype)
       lse_smem.at[wg][...] = (m + jnp.log2(l)) / _LOG2E  # natural-log lse
       plgpu.commit_smem()
       plgpu.copy_smem_to_gmem(q_tile, o_ref.at[b, g, rows])
       plgpu.copy_smem_to_gmem(lse_smem.at[wg], lse_ref.at[b, g, rows])
       plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-      plgpu.barrier_arrive(q_free.at[qslot])
       return gstep
 
     lax.fori_loop(0, trips, item_body, jnp.int32(0))
@@ -269,7 +275,6 @@ def moba_forward_rows(q_BSD, layout, k_BTKD, v_BTKD, segment_ids_BT, *, block_si
   if block_size % bkv or bkv % 64:
     raise ValueError(f"the Mosaic GPU forward needs block_kv % 64 == 0 dividing "
                      f"block_size={block_size}, got {bkv}")
-  qs_BGLD = gather_rows(q_BSD, layout.row_src_BGL)
   ids, num, blk, steps, full = persistent_items(layout, segment_ids_BT, block_size=block_size,
                                                 block_kv=bkv)
   if num_ctas is None:
@@ -282,14 +287,17 @@ def moba_forward_rows(q_BSD, layout, k_BTKD, v_BTKD, segment_ids_BT, *, block_si
       p_in_smem=interpret)
 
   def entry(*refs):
-    scratch = [plgpu.SMEM((2, 2, _ROWS, d), dt, transforms=transforms),
+    scratch = [plgpu.SMEM((2, _ROWS, d), dt),
+               plgpu.SMEM((2, _ROWS, d), dt, transforms=transforms),
+               plgpu.SMEM((ITEM_ROWS,), jnp.int32),
                plgpu.SMEM((stages, bkv, d), dt, transforms=transforms),
                plgpu.SMEM((stages, bkv, d), dt, transforms=transforms),
                plgpu.SMEM((2, _ROWS), jnp.float32),
                plgpu.SMEM((2, _ROWS, bkv), dt, transforms=transforms) if interpret else None]
-    bars = (plgpu.Barrier(num_barriers=4), plgpu.Barrier(num_barriers=stages),
+    bars = (plgpu.Barrier(), plgpu.Barrier(num_arrivals=_ROWS, num_barriers=2),
             plgpu.Barrier(num_barriers=stages),
-            plgpu.Barrier(num_arrivals=2, num_barriers=2),
+            plgpu.Barrier(num_barriers=stages),
+            plgpu.Barrier(num_arrivals=2),
             plgpu.Barrier(num_arrivals=2, num_barriers=stages),
             plgpu.Barrier(num_arrivals=2, num_barriers=stages),
             plgpu.Barrier(num_arrivals=2))
@@ -306,5 +314,5 @@ def moba_forward_rows(q_BSD, layout, k_BTKD, v_BTKD, segment_ids_BT, *, block_si
       compiler_params=plgpu.CompilerParams(approx_math=True),
       interpret=plgpu.InterpretGPUParams() if interpret else False,
   )
-  return call(ids, num, blk, steps, full, layout.row_seg_BGL, layout.row_pos_BGL, qs_BGLD, k_BTKD,
-              v_BTKD, segment_ids_BT.astype(jnp.int32))
+  return call(ids, num, blk, steps, full, layout.row_src_BGL, layout.row_seg_BGL,
+              layout.row_pos_BGL, q_BSD, k_BTKD, v_BTKD, segment_ids_BT.astype(jnp.int32))
