@@ -52,7 +52,7 @@ def test_rows_match_triton_forward(hq, hkv, block_size):
 
 def test_persistent_full_items_match_triton_forward():
   """One long document and every block chosen: most work items are full (run without the
-  mask); their rows still equal the Triton kernel's."""
+  mask); their rows still equal the Triton kernel's, and the run has no data race."""
   rng = np.random.default_rng()
   b, t, hq, hkv, d, block_size, k_max = 1, 512, 2, 1, 64, 64, 4
   q, k, v, _ = make_inputs(rng, b, t, hq, hkv, d, jnp.bfloat16)
@@ -68,8 +68,15 @@ def test_persistent_full_items_match_triton_forward():
   args = (q.reshape(b, t * hq, d), layout, k, v, seg)
   want_o, want_lse = kernels.moba_forward_rows(*args, block_size=block_size, bs=HOPPER,
                                                interpret=True)
-  got_o, got_lse = hopper.moba_forward_rows(*args, block_size=block_size, bs=HOPPER,
-                                            interpret=True, num_ctas=2)
+  # The interpreter's happens-before race detector watches every shared-memory access of
+  # the three warpgroups and the copy engine (JAX internals: its state is not public API).
+  from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+  got_o, got_lse = hopper.moba_forward_rows(
+      *args, block_size=block_size, bs=HOPPER, num_ctas=2,
+      interpret=plgpu.InterpretGPUParams(detect_races=True))
+  jax.block_until_ready(got_o)
+  assert not gpu_callbacks.get_races().races_found
   real = np.repeat(np.asarray(layout.chunk_block_BGC) >= 0, 64, axis=-1) & (
       np.asarray(layout.row_seg_BGL) != 0)
   np.testing.assert_allclose(np.asarray(got_lse)[real], np.asarray(want_lse)[real],

@@ -56,6 +56,14 @@ def check_supported(q_dtype, head_dim: int, bs: MobaBlockSizes) -> None:
                      f"{bs.block_rows}")
 
 
+def _interpret_params(interpret):
+  """interpret: False (compile), True (GPU interpret mode) or the interpreter's own
+  parameters (e.g. plgpu.InterpretGPUParams(detect_races=True), as the tests run it)."""
+  if isinstance(interpret, plgpu.InterpretGPUParams):
+    return interpret
+  return plgpu.InterpretGPUParams() if interpret else False
+
+
 def gather_rows(x_BSD, row_src_BGL) -> jax.Array:
   """[B, G, L, D]: the sorted rows of x (TMA copies boxes, not row lists). Indexed as whole
   rows, so XLA emits a row gather rather than one index per element."""
@@ -123,13 +131,14 @@ def _fwd_kernel(ids_ref, num_ref, blk_ref, steps_ref, full_ref, src_ref, seg_ref
 
     def item_body(s, gstep):
       b, g, i, j, n, _ = item_at(s)
-      plgpu.copy_gmem_to_smem(src_ref.at[b, g, pl.ds(i * ITEM_ROWS, ITEM_ROWS)], idx_smem,
-                              idx_bar)
-      plgpu.barrier_wait(idx_bar)
+      islot = lax.rem(s, 2)
+      plgpu.copy_gmem_to_smem(src_ref.at[b, g, pl.ds(i * ITEM_ROWS, ITEM_ROWS)],
+                              idx_smem.at[islot], idx_bar.at[islot])
+      plgpu.barrier_wait(idx_bar.at[islot])
       plgpu.barrier_wait(q_free)  # both halves of the previous item moved to their q tiles
       for w in range(2):
         for r in range(_ROWS):
-          plgpu.copy_gmem_to_smem(q_ref.at[b, pl.ds(idx_smem[w * _ROWS + r], 1)],
+          plgpu.copy_gmem_to_smem(q_ref.at[b, pl.ds(idx_smem[islot, w * _ROWS + r], 1)],
                                   stage_smem.at[w, pl.ds(r, 1)], q_bar.at[w])
 
       def step_body(step, gstep):
@@ -261,7 +270,8 @@ def moba_forward_rows(q_BSD, layout, k_BTKD, v_BTKD, segment_ids_BT, *, block_si
                       num_ctas: int | None = None):
   """Partial output [B, G, L, D] (q dtype) and natural-log lse [B, G, L] per sorted row, as
   kernels.moba_forward_rows, on a layout padded with pad_rows=ITEM_ROWS; q_BSD is q reshaped
-  to [B, T * Hq, D]. K/V tiles of block_kv keys through `stages` slots; the defaults (128
+  to [B, T * Hq, D]; interpret as in _interpret_params. K/V tiles of block_kv keys through
+  `stages` slots; the defaults (128
   keys, two stages) were the fastest on the H200 at 16/16 heads x 128 (BENCHMARKS.md), and
   128 keys with three stages does not fit its shared memory at head_dim 128. num_ctas:
   persistent CTAs (default: one per SM; four in interpret mode)."""
@@ -289,12 +299,12 @@ def moba_forward_rows(q_BSD, layout, k_BTKD, v_BTKD, segment_ids_BT, *, block_si
   def entry(*refs):
     scratch = [plgpu.SMEM((2, _ROWS, d), dt),
                plgpu.SMEM((2, _ROWS, d), dt, transforms=transforms),
-               plgpu.SMEM((ITEM_ROWS,), jnp.int32),
+               plgpu.SMEM((2, ITEM_ROWS), jnp.int32),
                plgpu.SMEM((stages, bkv, d), dt, transforms=transforms),
                plgpu.SMEM((stages, bkv, d), dt, transforms=transforms),
                plgpu.SMEM((2, _ROWS), jnp.float32),
                plgpu.SMEM((2, _ROWS, bkv), dt, transforms=transforms) if interpret else None]
-    bars = (plgpu.Barrier(), plgpu.Barrier(num_arrivals=_ROWS, num_barriers=2),
+    bars = (plgpu.Barrier(num_barriers=2), plgpu.Barrier(num_arrivals=_ROWS, num_barriers=2),
             plgpu.Barrier(num_barriers=stages),
             plgpu.Barrier(num_barriers=stages),
             plgpu.Barrier(num_arrivals=2),
@@ -312,7 +322,7 @@ def moba_forward_rows(q_BSD, layout, k_BTKD, v_BTKD, segment_ids_BT, *, block_si
       num_threads=3,
       thread_name="wg",
       compiler_params=plgpu.CompilerParams(approx_math=True),
-      interpret=plgpu.InterpretGPUParams() if interpret else False,
+      interpret=_interpret_params(interpret),
   )
   return call(ids, num, blk, steps, full, layout.row_src_BGL, layout.row_seg_BGL,
               layout.row_pos_BGL, q_BSD, k_BTKD, v_BTKD, segment_ids_BT.astype(jnp.int32))
