@@ -67,12 +67,12 @@ most of the prefix), which the useful-FLOP metric does not count. That choice wa
 made on this count, not by timing a query-centric kernel.
 
 Measured (BENCHMARKS.md, H200, bf16, S=32K, block 512, 16 heads, D=128): top-3
-forward+backward 5.9 ms, 0.37x cuDNN dense causal's useful-FLOP rate (target 0.6x
-not reached), gating 10% of it; time linear in the budget (R^2 0.999, k=2..16, one
-compile). The kernels themselves run at about 170-190 useful TF/s. A Hopper forward in
-Pallas Mosaic GPU (TMA + wgmma, hopper.py, `forward_kernel="mosaic"`) is correct on
-the H200 but 5-10% slower than the Triton forward so far (a warp-specialized variant was
-slower still and not kept, BENCHMARKS.md); the backward is Triton's for both.
+forward+backward 5.3-5.8 ms, 0.38-0.41x cuDNN dense causal's useful-FLOP rate (target
+0.6x not reached), the gating 4-6% of the step's GPU time; time linear in the budget
+(R^2 0.999, k=2..16, one compile). The opt-in Hopper forward (`forward_kernel="mosaic"`,
+hopper.py: persistent, warp-specialized, in Pallas Mosaic GPU) is correct on the H200; end
+to end at 16 heads x 128 it is 1-4% faster at top-8/16 and within the run-to-run spread at
+top-3, and slower at 14/2 heads x 64; the backward is the Triton kernels' for both forwards.
 """
 
 from pallas_kernels.moba.attention import moba_attention
