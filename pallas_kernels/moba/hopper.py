@@ -7,13 +7,14 @@ row), so the combine in attention.py does not change. What differs:
 * Work items of ITEM_ROWS = 128 sorted rows, one 64-row half per compute warpgroup; the
   layout pads each block's run to 128 rows (build_kv_layout(pad_rows=ITEM_ROWS)), so an item
   reads one KV block and its two halves share every K/V tile.
-* One CTA per SM, three warpgroups: a producer streams the items' q tiles (two slots) and
-  their blocks' K/V tiles (`stages` slots) by TMA, running on from one item into the next;
+* One CTA per SM, three warpgroups: a producer streams the items' query rows and their
+  blocks' K/V tiles (`stages` slots) by TMA, running on from one item into the next;
   the two compute warpgroups run QK^T, the online softmax and PV on wgmma (P from registers)
   and take turns on the tensor cores (one's softmax under the other's products). Each CTA
   takes items cta, cta + grid, ... of the list of used items (compacted outside).
-* The query rows are gathered into a contiguous [B, G, L, D] array first (one XLA row
-  gather): TMA copies boxes, not row lists; the Triton kernel gathers rows itself.
+* The kernel gathers the query rows itself: the item's row ids by one copy into shared
+  memory, one TMA copy per row into a plain staging buffer (the swizzled wgmma operand tiles
+  take no single-row copies), then each compute warpgroup moves its half into its q tile.
 * Items that attend every (row, key) pair of their block run without the mask; own-block
   items stop after their last query's key tile.
 
@@ -64,12 +65,6 @@ def _interpret_params(interpret):
   return plgpu.InterpretGPUParams() if interpret else False
 
 
-def gather_rows(x_BSD, row_src_BGL) -> jax.Array:
-  """[B, G, L, D]: the sorted rows of x (TMA copies boxes, not row lists). Indexed as whole
-  rows, so XLA emits a row gather rather than one index per element."""
-  return jax.vmap(lambda x_SD, src_GL: x_SD[src_GL])(x_BSD, row_src_BGL)
-
-
 ITEM_ROWS = 2 * _ROWS  # rows per work item: one 64-row half per compute warpgroup
 
 
@@ -100,7 +95,7 @@ def _fwd_kernel(ids_ref, num_ref, blk_ref, steps_ref, full_ref, src_ref, seg_ref
                 k_ref, v_ref, kseg_ref, o_ref, lse_ref, scoped, *, sm_scale, block_size, block_kv,
                 stages, num_groups, items_per_group, grid, p_in_smem):
   """Three warpgroups per CTA: two compute warpgroups (64 rows of an item each) and one
-  that streams the items' query rows (two slots) and K/V tiles (`stages` slots) by TMA. Each
+  that streams the items' query rows and K/V tiles (`stages` slots) by TMA. Each
   CTA runs items cta, cta + grid, ... of the used-item list, so the stream runs on across
   items.
 
@@ -205,6 +200,7 @@ def _fwd_kernel(ids_ref, num_ref, blk_ref, steps_ref, full_ref, src_ref, seg_ref
 
         s_RK = pl.run_scoped(qk, plgpu.ACC(shape, jnp.float32))
         plgpu.barrier_arrive(k_free.at[slot])
+
         def masked(s_RK):
           kseg_K = plgpu.load(kseg_ref.at[b, pl.ds(start, block_kv)],
                               layout=plgpu.Layout.WGMMA.reduce(0), optimized=False)
@@ -225,22 +221,19 @@ def _fwd_kernel(ids_ref, num_ref, blk_ref, steps_ref, full_ref, src_ref, seg_ref
         plgpu.barrier_arrive(sched)  # softmax done
         plgpu.barrier_wait(v_bar.at[slot])
         plgpu.barrier_wait(sched)  # tensor cores free
-        if p_in_smem:  # interpret mode runs wgmma on shared-memory operands only
+        if p_in_smem:
+          # Interpret mode runs wgmma on shared-memory operands into a fresh accumulator only.
           p_smem.at[wg][...] = p16
           plgpu.commit_smem()
-          p_op = p_smem.at[wg]
-        else:
-          p_op = p16
 
-        if p_in_smem:  # interpret mode: a fresh accumulator, added (as the one-warpgroup kernel)
           def pv_fresh(acc_ref):
-            plgpu.wgmma(acc_ref, p_op, v_smem.at[slot])
+            plgpu.wgmma(acc_ref, p_smem.at[wg], v_smem.at[slot])
             return acc_ref[...]
 
           acc = acc + pl.run_scoped(pv_fresh, plgpu.ACC(acc.shape, jnp.float32))
         else:
           def pv(acc_ref):
-            plgpu.wgmma(acc_ref, p_op, v_smem.at[slot])
+            plgpu.wgmma(acc_ref, p16, v_smem.at[slot])
 
           acc = pl.run_state(pv)(plgpu.ACC.init(acc))
         plgpu.barrier_arrive(v_free.at[slot])
@@ -266,15 +259,14 @@ def _fwd_kernel(ids_ref, num_ref, blk_ref, steps_ref, full_ref, src_ref, seg_ref
 
 
 def moba_forward_rows(q_BSD, layout, k_BTKD, v_BTKD, segment_ids_BT, *, block_size,
-                      bs: MobaBlockSizes, interpret: bool, block_kv: int = 128, stages: int = 2,
-                      num_ctas: int | None = None):
+                      bs: MobaBlockSizes, interpret: bool | plgpu.InterpretGPUParams,
+                      block_kv: int = 128, stages: int = 2, num_ctas: int | None = None):
   """Partial output [B, G, L, D] (q dtype) and natural-log lse [B, G, L] per sorted row, as
   kernels.moba_forward_rows, on a layout padded with pad_rows=ITEM_ROWS; q_BSD is q reshaped
   to [B, T * Hq, D]; interpret as in _interpret_params. K/V tiles of block_kv keys through
-  `stages` slots; the defaults (128
-  keys, two stages) were the fastest on the H200 at 16/16 heads x 128 (BENCHMARKS.md), and
-  128 keys with three stages does not fit its shared memory at head_dim 128. num_ctas:
-  persistent CTAs (default: one per SM; four in interpret mode)."""
+  `stages` slots: the defaults (128 keys, two stages) were the fastest on the H200 at 16/16
+  heads x 128 (BENCHMARKS.md), and 128 keys in three stages do not fit its shared memory at
+  head_dim 128. num_ctas: persistent CTAs (default: one per SM; four in interpret mode)."""
   b, s, d = q_BSD.shape
   _, g, l = layout.row_src_BGL.shape
   check_supported(q_BSD.dtype, d, bs)
