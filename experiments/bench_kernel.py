@@ -129,10 +129,11 @@ def bench_moba(t, block, ks, k_max, hq, hkv, d, bs, reps, kind="moba", gate=True
       f(q, k_, v, budget).astype(jnp.float32) * do.astype(jnp.float32)), argnums=(0, 1, 2)))
   sel_fn = jax.jit(lambda q, k_, budget: moba_gate(q, k_, seg, budget, block_size=block,
                                                    k_max=k_max))
-  # The gating moba_attention runs: fused gate kernel + layout.
-  gate_fn = jax.jit(lambda q, k_, budget: attention.gate_and_layout(
-      q, k_, seg, budget, block_size=block, k_max=k_max, bs=bs, interpret=INTERPRET,
-      forward_kernel=forward_kernel))
+  # The gating moba_attention runs: fused gate kernel + layout; only what the step reads of
+  # it is returned (the selection's per-token counts would otherwise be materialised too).
+  gate_fn = jax.jit(lambda q, k_, budget: (lambda sel, layout: (sel.selected_BTGK, layout))(
+      *attention.gate_and_layout(q, k_, seg, budget, block_size=block, k_max=k_max, bs=bs,
+                                 interpret=INTERPRET, forward_kernel=forward_kernel)))
   rows = []
   for k in ks:
     budget = jnp.asarray([k], jnp.int32)
