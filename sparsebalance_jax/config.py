@@ -16,6 +16,7 @@ from sparsebalance_jax.data.batching import BATCHERS
 from sparsebalance_jax.data.lengths import LENGTH_KINDS as LENGTH_DISTRIBUTIONS
 
 ATTENTION_IMPLEMENTATIONS = ("reference", "cudnn", "moba")
+MOBA_FORWARD_KERNELS = ("triton", "mosaic")  # pallas_kernels.moba forward_kernel choices
 DTYPES = ("float32", "bfloat16")
 
 
@@ -47,6 +48,7 @@ class AttentionConfig:
     budget_buckets: tuple[int, ...]
     layer_budget_scale: tuple[float, ...]
     interpret: bool
+    moba_forward: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -186,6 +188,13 @@ def validate(cfg: Config, device_count: int | None = None) -> None:
     _require(a.implementation in ATTENTION_IMPLEMENTATIONS, "attention.implementation",
              f"unknown implementation {a.implementation!r}; choose one of "
              f"{ATTENTION_IMPLEMENTATIONS}")
+    _require(a.moba_forward in MOBA_FORWARD_KERNELS, "attention.moba_forward",
+             f"unknown MoBA forward kernel {a.moba_forward!r}; choose one of "
+             f"{MOBA_FORWARD_KERNELS}")
+    if a.implementation == "moba" and a.moba_forward == "mosaic":
+        _require(m.compute_dtype == "bfloat16" and m.head_dim % 64 == 0, "attention.moba_forward",
+                 f"'mosaic' (Hopper, Pallas Mosaic GPU) needs model.compute_dtype='bfloat16' and "
+                 f"model.head_dim a multiple of 64, got {m.compute_dtype!r} and {m.head_dim}")
     _require(a.block_size > 0, "attention.block_size", "must be positive")
     _require(d.seq_len % a.block_size == 0, "data.seq_len",
              f"{d.seq_len} is not a multiple of attention.block_size={a.block_size}")

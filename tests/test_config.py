@@ -27,6 +27,8 @@ def test_presets_are_valid():
     (dict(data__seq_len=1000), "data.seq_len"),
     (dict(attention__budget=17), "attention.budget"),
     (dict(attention__implementation="flash"), "attention.implementation"),
+    (dict(attention__moba_forward="cuda"), "attention.moba_forward"),
+    (dict(attention__moba_forward="mosaic"), "attention.moba_forward"),  # CPU preset: head_dim 32
     (dict(attention__budget_buckets=(8, 4)), "attention.budget_buckets"),
     (dict(model__num_heads=5), "model.num_heads"),
     (dict(data__batcher="fifo"), "data.batcher"),

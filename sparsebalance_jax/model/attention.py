@@ -49,7 +49,8 @@ def _moba(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, budget_B, *, cfg: AttentionCon
     from pallas_kernels.moba import moba_attention  # The kernel package is only needed here.
 
     return moba_attention(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, budget_B,
-                          block_size=cfg.block_size, k_max=k_max, interpret=cfg.interpret)
+                          block_size=cfg.block_size, k_max=k_max,
+                          forward_kernel=cfg.moba_forward, interpret=cfg.interpret)
 
 
 def _local_attention(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, budget_B, *, cfg, k_max):
