@@ -156,3 +156,32 @@ def test_full_chunks_attend_every_pair():
                 "block_chunks_BGN2"):
     np.testing.assert_array_equal(np.asarray(getattr(plain, field)),
                                   np.asarray(getattr(lay, field)))
+
+
+def test_layout_padded_to_wider_runs():
+  """pad_rows: every run of pad_rows rows reads one block, chunks of padding only are unused,
+  and each (token, slot, head) still has exactly one row holding it."""
+  rng = np.random.default_rng()
+  b, t, block_size, r, pad = 2, 512, 32, 16, 64
+  q, k = _inputs(rng, b=b, t=t)
+  seg = packed_segments(rng, b, t, block_size, aligned=bool(rng.integers(2)))
+  sel = moba_gate(q, k, seg, jnp.asarray([4, 2], jnp.int32), block_size=block_size, k_max=4)
+  lay = gating.build_kv_layout(sel, seg, num_blocks=t // block_size, group_size=2, block_rows=r,
+                               pad_rows=pad)
+  cb = np.asarray(lay.chunk_block_BGC)
+  has_tok = (np.asarray(lay.row_seg_BGL) != 0).reshape(*cb.shape, r).any(-1)
+  assert np.all((cb >= 0) <= has_tok)  # a used chunk holds a real row
+  runs = cb.reshape(*cb.shape[:2], -1, pad // r)
+  first = runs[..., :1]
+  assert np.all((runs == first) | (runs < 0))  # one block per pad_rows run
+  assert (cb < 0).any() and ((runs[..., 0] >= 0) & (runs[..., -1] < 0)).any()  # padding chunks
+  # Every used slot's rows hold its (token, head): 4 query heads, KV groups of 2.
+  src = np.asarray(lay.row_src_BGL)
+  entry = np.asarray(lay.entry_row_BGTK)
+  used = np.transpose(np.asarray(sel.selected_BTGK), (0, 2, 1, 3)) < t // block_size
+  for bi, gi, ti, si in zip(*np.nonzero(used)):
+    for h in range(2):
+      assert src[bi, gi, entry[bi, gi, ti, si] + h] == ti * 4 + gi * 2 + h
+  with pytest.raises(ValueError, match="pad_rows"):
+    gating.build_kv_layout(sel, seg, num_blocks=t // block_size, group_size=2, block_rows=r,
+                           pad_rows=24)

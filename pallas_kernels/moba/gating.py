@@ -358,7 +358,7 @@ def build_kv_layout(sel: MobaSelection, segment_ids_BT: jax.Array, *, num_blocks
   row_pos_BGL = jnp.where(has_tok_BGL, tok_BGL, t)  # padding rows sort last in their run
   if mark_full:
     chunk_full_BGC = full_chunks(chunk_block_BGC, row_seg_BGL, row_pos_BGL, segment_ids_BT,
-                                  num_blocks=n, block_rows=r)
+                                 num_blocks=n, block_rows=r)
   else:
     chunk_full_BGC = jnp.zeros_like(chunk_block_BGC)
   return MobaKVLayout(row_src_BGL=row_src_BGL, row_seg_BGL=row_seg_BGL, row_pos_BGL=row_pos_BGL,
@@ -367,7 +367,7 @@ def build_kv_layout(sel: MobaSelection, segment_ids_BT: jax.Array, *, num_blocks
 
 
 def full_chunks(chunk_block_BGC, row_seg_BGL, row_pos_BGL, segment_ids_BT, *, num_blocks,
-                 block_rows) -> jax.Array:
+                block_rows) -> jax.Array:
   """int32 [B, G, C]: 1 where a chunk attends every pair of its block (MobaKVLayout)."""
   b, g, c = chunk_block_BGC.shape
   n, r, t = num_blocks, block_rows, segment_ids_BT.shape[1]
