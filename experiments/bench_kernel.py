@@ -129,11 +129,9 @@ def bench_moba(t, block, ks, k_max, hq, hkv, d, bs, reps, kind="moba", gate=True
       f(q, k_, v, budget).astype(jnp.float32) * do.astype(jnp.float32)), argnums=(0, 1, 2)))
   sel_fn = jax.jit(lambda q, k_, budget: moba_gate(q, k_, seg, budget, block_size=block,
                                                    k_max=k_max))
-  # The gating moba_attention runs: fused gate kernel + layout; only what the step reads of
-  # it is returned (the selection's per-token counts would otherwise be materialised too).
-  gate_fn = jax.jit(lambda q, k_, budget: (lambda sel, layout: (sel.selected_BTGK, layout))(
-      *attention.gate_and_layout(q, k_, seg, budget, block_size=block, k_max=k_max, bs=bs,
-                                 interpret=INTERPRET, forward_kernel=forward_kernel)))
+  gate_fn = jax.jit(lambda q, k_, budget: step_gating(
+      q, k_, seg, budget, block_size=block, k_max=k_max, bs=bs, interpret=INTERPRET,
+      forward_kernel=forward_kernel))
   rows = []
   for k in ks:
     budget = jnp.asarray([k], jnp.int32)
@@ -234,11 +232,30 @@ def parse_variant(text: str) -> MobaBlockSizes:
 
 def add_point_args(p: argparse.ArgumentParser) -> None:
   """--seq, --block, --k, --heads: the one attention shape the single-point scripts
-  (ncu_moba, trace_moba, triton_ir) run; defaults are the issue's headline point."""
+  (ncu_moba, trace_moba, triton_ir, persistent_forward) run; defaults are the issue's
+  headline point."""
   p.add_argument("--seq", type=int, default=32768)
   p.add_argument("--block", type=int, default=512)
   p.add_argument("--k", type=int, default=3)
   p.add_argument("--heads", default="h128", choices=list(HEADS))
+
+
+def point_inputs(args: argparse.Namespace):
+  """The add_point_args shape's head_dim and bf16 inputs: (d, q, k, v, do, seg, budget), one
+  row, one document, budget args.k (seed 0, as every bench_kernel row)."""
+  hq, hkv, d = HEADS[args.heads]
+  q, k, v, do = inputs(0, 1, args.seq, hq, hkv, d, jnp.bfloat16)
+  return (d, q, k, v, do, jnp.ones((1, args.seq), jnp.int32),
+          jnp.asarray([args.k], jnp.int32))
+
+
+def step_gating(q, k, seg, budget, **kwargs):
+  """The gating moba_attention runs (attention.gate_and_layout with kwargs), returning only
+  what the step reads of it - the selected blocks and the layout: returning the whole
+  selection would also materialise its per-token counts, which the step never computes
+  (0.42 against 0.30 ms of GPU time at the headline point)."""
+  sel, layout = attention.gate_and_layout(q, k, seg, budget, **kwargs)
+  return sel.selected_BTGK, layout
 
 
 def r_squared(x, y):

@@ -19,11 +19,10 @@ import os
 import sys
 
 import jax
-import jax.numpy as jnp
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from experiments.bench_kernel import (HEADS, add_point_args, fwd_bwd, inputs,  # noqa: E402
-                                      parse_variant, variant_tag)
+from experiments.bench_kernel import (add_point_args, fwd_bwd, parse_variant,  # noqa: E402
+                                      point_inputs, variant_tag)
 from pallas_kernels.moba import moba_attention  # noqa: E402
 
 
@@ -33,10 +32,7 @@ def main():
   p.add_argument("--variants", default="64,64,64,4,2")
   p.add_argument("--interpret", action="store_true", help="Pallas interpret mode (CPU smoke)")
   args = p.parse_args()
-  hq, hkv, d = HEADS[args.heads]
-  q, k, v, do = inputs(0, 1, args.seq, hq, hkv, d, jnp.bfloat16)
-  seg = jnp.ones((1, args.seq), jnp.int32)
-  budget = jnp.asarray([args.k], jnp.int32)
+  d, q, k, v, do, seg, budget = point_inputs(args)
   for text in args.variants.split(";"):
     bs = parse_variant(text)
     def attend(q, k, v, bs=bs):

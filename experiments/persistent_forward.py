@@ -16,11 +16,10 @@ import os
 import sys
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from experiments.bench_kernel import HEADS, add_point_args, inputs, timeit  # noqa: E402
+from experiments.bench_kernel import HEADS, add_point_args, point_inputs, timeit  # noqa: E402
 from pallas_kernels.moba import MobaBlockSizes, build_kv_layout, hopper, kernels  # noqa: E402
 from pallas_kernels.moba.attention import _fused_gate  # noqa: E402
 
@@ -33,12 +32,11 @@ def main():
   p.add_argument("--reps", type=int, default=10)
   p.add_argument("--out", required=True)
   args = p.parse_args()
-  hq, hkv, d = HEADS[args.heads]
+  hq, hkv, _ = HEADS[args.heads]
   t, block = args.seq, args.block
-  q, k, v, _ = inputs(0, 1, t, hq, hkv, d, jnp.bfloat16)
-  seg = jnp.ones((1, t), jnp.int32)
-  sel = jax.jit(lambda q, k: _fused_gate(q, k, seg, jnp.asarray([args.k], jnp.int32),
-                                         block_size=block, k_max=args.k, interpret=False))(q, k)
+  d, q, k, v, _, seg, budget = point_inputs(args)
+  sel = jax.jit(lambda q, k: _fused_gate(q, k, seg, budget, block_size=block, k_max=args.k,
+                                         interpret=False))(q, k)
   q_flat = q.reshape(1, t * hq, d)
   result = dict(device=jax.devices()[0].device_kind, seq=t, block=block, k=args.k,
                 heads=args.heads, rows=[])

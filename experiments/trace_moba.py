@@ -28,9 +28,10 @@ import jax
 import jax.numpy as jnp
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from experiments.bench_kernel import HEADS, add_point_args, inputs, parse_variant  # noqa: E402
+from experiments.bench_kernel import (add_point_args, parse_variant, point_inputs,  # noqa: E402
+                                      step_gating)
 from pallas_kernels.moba import MobaBlockSizes, moba_attention  # noqa: E402
-from pallas_kernels.moba.attention import FORWARD_KERNELS, gate_and_layout  # noqa: E402
+from pallas_kernels.moba.attention import FORWARD_KERNELS  # noqa: E402
 
 
 def device_kernel_times(trace: dict) -> tuple[dict[str, tuple[float, int]], dict[str, float]]:
@@ -85,10 +86,7 @@ def main():
   p.add_argument("--out", default=None)
   p.add_argument("--interpret", action="store_true", help="Pallas interpret mode (CPU smoke)")
   args = p.parse_args()
-  hq, hkv, d = HEADS[args.heads]
-  q, k, v, do = inputs(0, 1, args.seq, hq, hkv, d, jnp.bfloat16)
-  seg = jnp.ones((1, args.seq), jnp.int32)
-  budget = jnp.asarray([args.k], jnp.int32)
+  _, q, k, v, do, seg, budget = point_inputs(args)
   bs = parse_variant(args.variant) if args.variant else None
   attend = lambda q, k, v, seg, budget: moba_attention(
       q, k, v, seg, budget, block_size=args.block, k_max=args.k, block_sizes=bs,
@@ -99,13 +97,9 @@ def main():
       attend(q, k, v, seg, budget).astype(jnp.float32) * do.astype(jnp.float32)),
       argnums=(0, 1, 2)))
   kernels, per_thread = traced_kernel_us(step, q, k, v, do, seg, budget, reps=args.reps)
-  # What the step reads of the gating: the layout and the selected blocks (the combine's
-  # slots). Returning the whole selection would also materialise its per-token counts, which
-  # the step never computes (0.42 against 0.30 ms of GPU time at the headline point).
-  gating = jax.jit(lambda q, k, seg, budget: (lambda sel, layout: (sel.selected_BTGK, layout))(
-      *gate_and_layout(q, k, seg, budget, block_size=args.block, k_max=args.k,
-                       bs=bs or MobaBlockSizes(), interpret=args.interpret,
-                       forward_kernel=args.forward_kernel)))
+  gating = jax.jit(lambda q, k, seg, budget: step_gating(
+      q, k, seg, budget, block_size=args.block, k_max=args.k, bs=bs or MobaBlockSizes(),
+      interpret=args.interpret, forward_kernel=args.forward_kernel))
   gate_kernels, _ = traced_kernel_us(gating, q, k, seg, budget, reps=args.reps)
   total = sum(us for us, _ in kernels.values())
   gate_total = sum(us for us, _ in gate_kernels.values())
