@@ -41,42 +41,36 @@ def main():
   result = dict(device=jax.devices()[0].device_kind, seq=t, block=block, k=args.k,
                 heads=args.heads, rows=[])
   base = MobaBlockSizes().fit(block, d)
-  for pad in (None, hopper.ITEM_ROWS):
-    lay = build_kv_layout(sel, seg, num_blocks=t // block, group_size=hq // hkv, block_rows=64,
-                          mark_full=False, pad_rows=pad)
-    if pad is None:
-      fwd = jax.jit(lambda q_flat, k, v, lay=lay: kernels.moba_forward_rows(
-          q_flat, lay, k, v, seg, block_size=block, bs=base, interpret=False))
-      row = dict(kernel="triton", block_k=base.block_k,
-                 ms=timeit(fwd, q_flat, k, v, reps=args.reps))
-      result["rows"].append(row)
-      print(row, flush=True)
-      continue
-    real = np.repeat(np.asarray(lay.chunk_block_BGC) >= 0, 64, axis=-1) & (
-        np.asarray(lay.row_seg_BGL) != 0)
-    for cfg in args.configs:
-      bkv, stages = (int(x) for x in cfg.split(","))
-      row = dict(kernel="mosaic", block_k=bkv, stages=stages)
-      try:
-        pers = jax.jit(lambda q_flat, k, v, lay=lay, bkv=bkv, stages=stages:
-                       hopper.moba_forward_rows(
-                           q_flat, lay, k, v, seg, block_size=block, bs=base, interpret=False,
-                           block_kv=bkv, stages=stages))
-        got_o, got_lse = pers(q_flat, k, v)
-        tiles = dataclasses.replace(base, block_k=bkv)
-        want_o, want_lse = jax.jit(lambda q_flat, k, v, lay=lay, tiles=tiles:
-                                   kernels.moba_forward_rows(q_flat, lay, k, v, seg,
-                                                             block_size=block, bs=tiles,
-                                                             interpret=False))(q_flat, k, v)
-        row["max_abs_lse_diff"] = float(np.abs(np.asarray(got_lse)[real]
-                                               - np.asarray(want_lse)[real]).max())
-        row["max_abs_out_diff"] = float(np.abs(np.asarray(got_o, np.float32)[real]
-                                               - np.asarray(want_o, np.float32)[real]).max())
-        row["ms"] = timeit(pers, q_flat, k, v, reps=args.reps)
-      except Exception as e:  # a configuration that does not fit is reported, not fatal
-        row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
-      result["rows"].append(row)
-      print(row, flush=True)
+  layout = lambda pad: build_kv_layout(sel, seg, num_blocks=t // block, group_size=hq // hkv,
+                                       block_rows=64, mark_full=False, pad_rows=pad)
+  triton_fwd = lambda lay, tiles: jax.jit(lambda q_flat, k, v: kernels.moba_forward_rows(
+      q_flat, lay, k, v, seg, block_size=block, bs=tiles, interpret=False))
+  row = dict(kernel="triton", block_k=base.block_k,
+             ms=timeit(triton_fwd(layout(None), base), q_flat, k, v, reps=args.reps))
+  result["rows"].append(row)
+  print(row, flush=True)
+
+  lay = layout(hopper.ITEM_ROWS)
+  real = np.repeat(np.asarray(lay.chunk_block_BGC) >= 0, 64, axis=-1) & (
+      np.asarray(lay.row_seg_BGL) != 0)
+  for cfg in args.configs:
+    bkv, stages = (int(x) for x in cfg.split(","))
+    row = dict(kernel="mosaic", block_k=bkv, stages=stages)
+    try:
+      pers = jax.jit(lambda q_flat, k, v, bkv=bkv, stages=stages: hopper.moba_forward_rows(
+          q_flat, lay, k, v, seg, block_size=block, bs=base, interpret=False, block_kv=bkv,
+          stages=stages))
+      got_o, got_lse = pers(q_flat, k, v)
+      want_o, want_lse = triton_fwd(lay, dataclasses.replace(base, block_k=bkv))(q_flat, k, v)
+      row["max_abs_lse_diff"] = float(np.abs(np.asarray(got_lse)[real]
+                                             - np.asarray(want_lse)[real]).max())
+      row["max_abs_out_diff"] = float(np.abs(np.asarray(got_o, np.float32)[real]
+                                             - np.asarray(want_o, np.float32)[real]).max())
+      row["ms"] = timeit(pers, q_flat, k, v, reps=args.reps)
+    except Exception as e:  # a configuration that does not fit is reported, not fatal
+      row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
+    result["rows"].append(row)
+    print(row, flush=True)
   with open(args.out, "w") as fh:
     json.dump(result, fh, indent=1)
   print(f"\n{'kernel':18s} {'block_k':>7s} {'stages':>6s} {'ms':>7s} {'lse diff':>9s} "

@@ -192,9 +192,13 @@ def validate(cfg: Config, device_count: int | None = None) -> None:
              f"unknown MoBA forward kernel {a.moba_forward!r}; choose one of "
              f"{MOBA_FORWARD_KERNELS}")
     if a.implementation == "moba" and a.moba_forward == "mosaic":
-        _require(m.compute_dtype == "bfloat16" and m.head_dim % 64 == 0, "attention.moba_forward",
-                 f"'mosaic' (Hopper, Pallas Mosaic GPU) needs model.compute_dtype='bfloat16' and "
-                 f"model.head_dim a multiple of 64, got {m.compute_dtype!r} and {m.head_dim}")
+        # The kernel's own argument check, imported only when that kernel is chosen.
+        from pallas_kernels.moba import MobaBlockSizes, hopper
+        try:
+            hopper.check_supported(m.compute_dtype, m.head_dim, MobaBlockSizes())
+        except ValueError as e:
+            raise ConfigError(f"attention.moba_forward: 'mosaic' with model.compute_dtype="
+                              f"{m.compute_dtype!r}, model.head_dim={m.head_dim}: {e}") from None
     _require(a.block_size > 0, "attention.block_size", "must be positive")
     _require(d.seq_len % a.block_size == 0, "data.seq_len",
              f"{d.seq_len} is not a multiple of attention.block_size={a.block_size}")

@@ -51,6 +51,12 @@ def test_mesh_must_match_devices():
         from_config_dict(get_config("cpu"), device_count=8)
 
 
+def test_moba_forward_choices_are_the_kernel_registry():
+    from pallas_kernels.moba.attention import FORWARD_KERNELS
+    from sparsebalance_jax.config import MOBA_FORWARD_KERNELS
+    assert MOBA_FORWARD_KERNELS == tuple(FORWARD_KERNELS)
+
+
 def test_unknown_field_is_named():
     raw = get_config("cpu")
     raw.model.num_experts = 4
