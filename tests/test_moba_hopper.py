@@ -50,6 +50,43 @@ def test_rows_match_triton_forward(hq, hkv, block_size):
                              np.asarray(want_o, np.float32)[real_BGL], rtol=2 ** -7, atol=1e-3)
 
 
+@pytest.mark.parametrize("hq, hkv, block_size", [(2, 1, 128), (2, 2, 256)])
+def test_dq_rows_match_triton_dq(hq, hkv, block_size):
+  """Partial dq of every row a used chunk holds equals the Triton dq kernel's with the same
+  64-key tiles, given the same final lse and delta, on fresh inputs with packed documents
+  and ragged budgets; the interpreter's race detector watches the run."""
+  from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+  rng = np.random.default_rng()
+  b, t, d, k_max = 2, 4 * block_size, 64, 3
+  q, k, v, do = make_inputs(rng, b, t, hq, hkv, d, jnp.bfloat16)
+  seg = packed_segments(rng, b, t, block_size, aligned=bool(rng.integers(2)))
+  budget = jnp.asarray(rng.integers(1, k_max + 1, size=b), jnp.int32)
+  sel = moba_gate(q, k, seg, budget, block_size=block_size, k_max=k_max)
+  layout = build_kv_layout(sel, seg, num_blocks=t // block_size, group_size=hq // hkv,
+                           block_rows=HOPPER.block_rows, pad_rows=hopper.ITEM_ROWS)
+  flat = lambda x: x.reshape(b, t * hq, *x.shape[3:])
+  # Any finite lse and delta define the same function in both kernels; these are of the
+  # size the real ones take.
+  lse = jnp.asarray(rng.uniform(2.0, 6.0, size=(b, t, hq)), jnp.float32)
+  delta = jnp.asarray(rng.standard_normal((b, t, hq)), jnp.float32)
+  args = (flat(q), flat(do), flat(lse), flat(delta), layout, k, v, seg)
+  want = kernels.moba_dq_rows(*args, block_size=block_size, bs=HOPPER, interpret=True)
+  got = hopper.moba_dq_rows(*args, block_size=block_size, bs=HOPPER, num_ctas=3,
+                            interpret=plgpu.InterpretGPUParams(detect_races=True))
+  jax.block_until_ready(got)
+  assert not gpu_callbacks.get_races().races_found
+  assert got.dtype == jnp.bfloat16 and got.shape == want.shape
+  real_BGL = np.repeat(np.asarray(layout.chunk_block_BGC) >= 0, HOPPER.block_rows, axis=-1) & (
+      np.asarray(layout.row_seg_BGL) != 0)
+  got, want = (np.asarray(x, np.float32)[real_BGL] for x in (got, want))
+  # Same float32 sums of bf16 products; each side rounds dS to bf16 once per key (one ulp,
+  # 2^-8 relative, where the two exponentials differ in their last bits) and dq once.
+  scale = np.abs(want).max()
+  np.testing.assert_allclose(got, want, rtol=2 ** -7, atol=2e-3 * scale)
+  assert rel_err(got, want) < 2 ** -8
+
+
 def test_persistent_full_items_match_triton_forward():
   """One long document and every block chosen: most work items are full (run without the
   mask); their rows still equal the Triton kernel's, and the run has no data race."""

@@ -38,6 +38,7 @@ def _group_to_BTH(x_BGTGh, b, t, hq):
 
 
 FORWARD_KERNELS = {"triton": kernels.moba_forward_rows, "mosaic": hopper.moba_forward_rows}
+DQ_KERNELS = {"triton": kernels.moba_dq_rows, "mosaic": hopper.moba_dq_rows}
 # Rows each block's run is padded to, where a forward needs more than block_rows.
 _PAD_ROWS = {"mosaic": hopper.ITEM_ROWS}
 
@@ -77,7 +78,6 @@ def _moba_fwd(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, ok_B, sel, layout, block_s
 
 
 def _moba_bwd(block_size, bs, interpret, forward_kernel, res, do_BTHD):
-  del forward_kernel  # the backward kernels are the Triton ones for every forward
   q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, sel, layout, out_BTHD, lse_BTH = res
   b, t, hq, d = q_BTHD.shape
   hkv = k_BTKD.shape[2]
@@ -88,7 +88,7 @@ def _moba_bwd(block_size, bs, interpret, forward_kernel, res, do_BTHD):
   flat = lambda x: x.reshape(b, t * hq, *x.shape[3:])
   args = (flat(q_BTHD), flat(do_BTHD), flat(lse_BTH), flat(delta_BTH), layout, k_BTKD, v_BTKD,
           segment_ids_BT)
-  dq_BGLD = kernels.moba_dq_rows(*args, block_size=block_size, bs=bs, interpret=interpret)
+  dq_BGLD = DQ_KERNELS[forward_kernel](*args, block_size=block_size, bs=bs, interpret=interpret)
   dk_BTKD, dv_BTKD = kernels.moba_dkv(*args, block_size=block_size, bs=bs, interpret=interpret)
   used_BGTK = jnp.transpose(sel.selected_BTGK, (0, 2, 1, 3)) < t // block_size
   dq_BGTKHD = jnp.where(used_BGTK[..., None, None],

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -91,24 +92,9 @@ def persistent_items(layout, segment_ids_BT, *, block_size: int, block_kv: int):
   return ids, used.sum(dtype=jnp.int32)[None], blk.astype(jnp.int32), steps, full
 
 
-def _fwd_kernel(ids_ref, num_ref, blk_ref, steps_ref, full_ref, src_ref, seg_ref, pos_ref, q_ref,
-                k_ref, v_ref, kseg_ref, o_ref, lse_ref, scoped, *, sm_scale, block_size, block_kv,
-                stages, num_groups, items_per_group, grid, p_in_smem):
-  """Three warpgroups per CTA: two compute warpgroups (64 rows of an item each) and one
-  that streams the items' query rows and K/V tiles (`stages` slots) by TMA. Each
-  CTA runs items cta, cta + grid, ... of the used-item list, so the stream runs on across
-  items.
-
-  TMA copies boxes, and the wgmma operand layout (8-row swizzled tiles) takes no single-row
-  copies, so an item's query rows are gathered row by row into a plain staging buffer (the
-  row ids first, by one copy into shared memory), and each compute warpgroup moves its half
-  into its swizzled q tile through registers; its output leaves through that tile."""
-  (stage_smem, q_smem, idx_smem, k_smem, v_smem, lse_smem, p_smem), bars = scoped
-  idx_bar, q_bar, k_bar, v_bar, q_free, k_free, v_free, sched = bars
-  wg = lax.axis_index("wg")
+def _item_reader(ids_ref, blk_ref, steps_ref, full_ref, *, grid, num_groups, items_per_group):
+  """item_at(s): (b, g, i, block, key steps, full) of this CTA's s-th item (cta + s * grid)."""
   cta = lax.axis_index("cta")
-  num = num_ref[0]
-  trips = jnp.maximum(num - cta + grid - 1, 0) // grid
 
   def item_at(s):
     flat = ids_ref[cta + s * grid]
@@ -117,33 +103,44 @@ def _fwd_kernel(ids_ref, num_ref, blk_ref, steps_ref, full_ref, src_ref, seg_ref
     return (lax.div(bg, num_groups), lax.rem(bg, num_groups), i, blk_ref[flat],
             steps_ref[flat], full_ref[flat])
 
-  def kv_rows(b, g, j, step):
-    return (b, pl.ds(j * block_size + step * block_kv, block_kv), g)
+  return item_at
+
+
+def _trips(num_ref, grid):
+  """Items this CTA runs: cta, cta + grid, ... below the used-item count."""
+  return jnp.maximum(num_ref[0] - lax.axis_index("cta") + grid - 1, 0) // grid
+
+
+def _streams(item_at, trips, src_ref, gathered, k_ref, v_ref, scoped, *, block_size, block_kv,
+             stages):
+  """The two streaming warpgroups, shared by the forward and dq kernels.
+
+  Warpgroup 2 streams each item's K/V tiles into `stages` slots by TMA, straight on from one
+  item into the next. Warpgroup 3 gathers each item's rows of every ref in `gathered` into
+  its staging buffer: TMA copies boxes and the wgmma operand layout (8-row swizzled tiles)
+  takes no single-row copies, so the item's row ids come first (one copy into shared
+  memory, the next item's while this one computes), then one copy per row into a plain
+  buffer, which the compute warpgroups move into their swizzled tiles. 128 single-row copies
+  per item and ref, issued by one thread, would hold up the K/V stream if one warpgroup
+  issued both."""
+  idx_smem, stage_smems, k_smem, v_smem = scoped.idx, scoped.stages, scoped.k, scoped.v
+  bars = scoped.bars
+  wg = lax.axis_index("wg")
 
   @pl.when(wg == 2)
-  def _producer():
-    plgpu.set_max_registers(40, action="decrease")
+  def _kv_producer():
+    plgpu.set_max_registers(24, action="decrease")
 
     def item_body(s, gstep):
-      b, g, i, j, n, _ = item_at(s)
-      islot = lax.rem(s, 2)
-      plgpu.copy_gmem_to_smem(src_ref.at[b, g, pl.ds(i * ITEM_ROWS, ITEM_ROWS)],
-                              idx_smem.at[islot], idx_bar.at[islot])
-      plgpu.barrier_wait(idx_bar.at[islot])
-      plgpu.barrier_wait(q_free)  # both halves of the previous item moved to their q tiles
-      for w in range(2):
-        for r in range(_ROWS):
-          plgpu.copy_gmem_to_smem(q_ref.at[b, pl.ds(idx_smem[islot, w * _ROWS + r], 1)],
-                                  stage_smem.at[w, pl.ds(r, 1)], q_bar.at[w])
+      b, g, _, j, n, _ = item_at(s)
 
       def step_body(step, gstep):
         slot = lax.rem(gstep, stages)
-        plgpu.barrier_wait(k_free.at[slot])
-        plgpu.copy_gmem_to_smem(k_ref.at[kv_rows(b, g, j, step)], k_smem.at[slot],
-                                k_bar.at[slot])
-        plgpu.barrier_wait(v_free.at[slot])
-        plgpu.copy_gmem_to_smem(v_ref.at[kv_rows(b, g, j, step)], v_smem.at[slot],
-                                v_bar.at[slot])
+        keys = (b, pl.ds(j * block_size + step * block_kv, block_kv), g)
+        plgpu.barrier_wait(bars.k_free.at[slot])
+        plgpu.copy_gmem_to_smem(k_ref.at[keys], k_smem.at[slot], bars.k.at[slot])
+        plgpu.barrier_wait(bars.v_free.at[slot])
+        plgpu.copy_gmem_to_smem(v_ref.at[keys], v_smem.at[slot], bars.v.at[slot])
         return gstep + 1
 
       return lax.fori_loop(0, n, step_body, gstep)
@@ -151,111 +148,336 @@ def _fwd_kernel(ids_ref, num_ref, blk_ref, steps_ref, full_ref, src_ref, seg_ref
     lax.fori_loop(0, trips, item_body, jnp.int32(0))
     # The compute warpgroups free every slot once more than it was filled (they free them
     # all at the start): observe those last phases, which also waits for them to finish.
-    plgpu.barrier_wait(q_free)
     for slot in range(stages):
-      plgpu.barrier_wait(k_free.at[slot])
-      plgpu.barrier_wait(v_free.at[slot])
+      plgpu.barrier_wait(bars.k_free.at[slot])
+      plgpu.barrier_wait(bars.v_free.at[slot])
+
+  @pl.when(wg == 3)
+  def _row_gatherer():
+    plgpu.set_max_registers(24, action="decrease")
+
+    def fetch_ids(s):
+      b, g, i, _, _, _ = item_at(s)
+      plgpu.copy_gmem_to_smem(src_ref.at[b, g, pl.ds(i * ITEM_ROWS, ITEM_ROWS)],
+                              idx_smem.at[lax.rem(s, 2)], bars.idx.at[lax.rem(s, 2)])
+
+    pl.when(trips > 0)(lambda: fetch_ids(0))
+
+    @pl.loop(0, trips)
+    def _item(s):
+      b = item_at(s)[0]
+      islot = lax.rem(s, 2)
+      plgpu.barrier_wait(bars.idx.at[islot])
+      plgpu.barrier_wait(bars.rows_free)  # both halves of the last item moved to their tiles
+      for w in range(2):
+        for r in range(_ROWS):
+          row = pl.ds(idx_smem[islot, w * _ROWS + r], 1)
+          for ref, stage in zip(gathered, stage_smems):
+            plgpu.copy_gmem_to_smem(ref.at[b, row], stage.at[w, pl.ds(r, 1)],
+                                    bars.rows.at[w])
+      # Into the other slot, last read for the previous item's rows: the next item's ids
+      # arrive while this item computes.
+      pl.when(s + 1 < trips)(lambda: fetch_ids(s + 1))
+
+    plgpu.barrier_wait(bars.rows_free)  # the last phase (see above)
+
+
+class _Bars(NamedTuple):
+  idx: Any       # row ids of an item landed (two slots)
+  rows: Any      # a half's gathered rows landed (per compute warpgroup)
+  rows_free: Any  # both halves moved out of the staging buffers
+  k: Any         # K tile landed (per slot)
+  v: Any         # V tile landed (per slot)
+  k_free: Any    # K slot read by both compute warpgroups
+  v_free: Any    # V slot read by both compute warpgroups
+  sched: Any     # the compute warpgroups' turns on the tensor cores
+
+
+class _Scoped(NamedTuple):
+  idx: Any      # (2, ITEM_ROWS) int32 row ids
+  stages: Any   # per gathered ref: (2, 64, D) plain staging
+  tiles: Any    # per gathered ref: (2, 64, D) swizzled wgmma operand, one per warpgroup
+  k: Any        # (stages, block_kv, D) swizzled
+  v: Any
+  row_out: Any  # (2, 64) float32: a per-row output (lse) on its way out
+  p: Any        # interpret mode only: (2, 64, block_kv) swizzled P / dS
+  bars: _Bars
+
+
+def _consumer_setup(scoped, stages):
+  """A compute warpgroup's start: its registers, every slot freed once, and the first turn
+  on the tensor cores to warpgroup 0. Returns schedule(), which ends this warpgroup's turn
+  and waits for its next one."""
+  bars = scoped.bars
+  plgpu.set_max_registers(232, action="increase")
+  plgpu.barrier_arrive(bars.rows_free)
+  for slot in range(stages):
+    plgpu.barrier_arrive(bars.k_free.at[slot])
+    plgpu.barrier_arrive(bars.v_free.at[slot])
+
+  def schedule():
+    plgpu.barrier_arrive(bars.sched)
+    plgpu.barrier_wait(bars.sched)
+
+  pl.when(lax.axis_index("wg") == 1)(schedule)
+  return schedule
+
+
+def _take_rows(scoped):
+  """Moves this warpgroup's half of the item's gathered rows into its swizzled tiles (once
+  the last item's output, which leaves through the first tile, has been read out)."""
+  wg = lax.axis_index("wg")
+  plgpu.barrier_wait(scoped.bars.rows.at[wg])
+  plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+  for stage, tile in zip(scoped.stages, scoped.tiles):
+    tile.at[wg][...] = stage.at[wg][...]
+  plgpu.commit_smem()
+  plgpu.barrier_arrive(scoped.bars.rows_free)
+
+
+def _row_values(ref, b, g, rows):
+  return plgpu.load(ref.at[b, g, rows], layout=plgpu.Layout.WGMMA.reduce(1), optimized=False)
+
+
+def _masker(seg_ref, pos_ref, kseg_ref, b, g, rows, shape):
+  """keep(start): [64, block_kv] bool, the pairs of this half's rows and the keys from
+  `start` that are attended (same document, not padding, causal)."""
+  seg_RK = lax.broadcast_in_dim(_row_values(seg_ref, b, g, rows), shape, [0])
+  pos_RK = lax.broadcast_in_dim(_row_values(pos_ref, b, g, rows), shape, [0])
+
+  def keep(start):
+    kseg_K = plgpu.load(kseg_ref.at[b, pl.ds(start, shape[1])],
+                        layout=plgpu.Layout.WGMMA.reduce(0), optimized=False)
+    kpos_RK = start + plgpu.broadcasted_iota(jnp.int32, shape, 1, layout=plgpu.Layout.WGMMA)
+    return ((seg_RK == lax.broadcast_in_dim(kseg_K, shape, [1])) & (seg_RK != 0)
+            & (kpos_RK <= pos_RK))
+
+  return keep
+
+
+def _accumulate(acc, a, b_ref, p_smem):
+  """acc + a @ b_ref on wgmma with `a` from registers; with p_smem (interpret mode, whose
+  wgmma takes shared-memory operands into a fresh accumulator only) through shared memory."""
+  if p_smem is None:
+    def mma(acc_ref):
+      plgpu.wgmma(acc_ref, a, b_ref)
+
+    return pl.run_state(mma)(plgpu.ACC.init(acc))
+  p_smem[...] = a
+  plgpu.commit_smem()
+
+  def fresh(acc_ref):
+    plgpu.wgmma(acc_ref, p_smem, b_ref)
+    return acc_ref[...]
+
+  return acc + pl.run_scoped(fresh, plgpu.ACC(acc.shape, jnp.float32))
+
+
+def _fwd_kernel(ids_ref, num_ref, blk_ref, steps_ref, full_ref, src_ref, seg_ref, pos_ref, q_ref,
+                k_ref, v_ref, kseg_ref, o_ref, lse_ref, scoped, *, sm_scale, block_size, block_kv,
+                stages, num_groups, items_per_group, grid, p_in_smem):
+  """Four warpgroups per CTA: two compute warpgroups (64 rows of an item each) and the two
+  streams of _streams (K/V tiles; query rows). Each CTA runs items cta, cta + grid, ... of
+  the used-item list, so the streams run on across items. The output leaves through the
+  q tile."""
+  bars = scoped.bars
+  wg = lax.axis_index("wg")
+  trips = _trips(num_ref, grid)
+  item_at = _item_reader(ids_ref, blk_ref, steps_ref, full_ref, grid=grid, num_groups=num_groups,
+                         items_per_group=items_per_group)
+  _streams(item_at, trips, src_ref, [q_ref], k_ref, v_ref, scoped, block_size=block_size,
+           block_kv=block_kv, stages=stages)
 
   @pl.when(wg < 2)
   def _consumer():
-    plgpu.set_max_registers(232, action="increase")
+    schedule = _consumer_setup(scoped, stages)
     row_layout = plgpu.Layout.WGMMA.reduce(1)
     shape = (_ROWS, block_kv)
-    d = q_smem.shape[-1]
-    # Every slot starts free: one arrival per compute warpgroup.
-    plgpu.barrier_arrive(q_free)
-    for slot in range(stages):
-      plgpu.barrier_arrive(k_free.at[slot])
-      plgpu.barrier_arrive(v_free.at[slot])
-
-    def schedule():  # the two warpgroups take turns on the tensor cores
-      plgpu.barrier_arrive(sched)
-      plgpu.barrier_wait(sched)
-
-    pl.when(wg == 1)(schedule)
+    q_tile = scoped.tiles[0].at[wg]
+    d = q_tile.shape[-1]
+    p_smem = scoped.p.at[wg] if p_in_smem else None
 
     def item_body(s, gstep):
       b, g, i, j, n, full = item_at(s)
       rows = pl.ds(i * ITEM_ROWS + wg * _ROWS, _ROWS)
-      seg_R = plgpu.load(seg_ref.at[b, g, rows], layout=row_layout, optimized=False)
-      pos_R = plgpu.load(pos_ref.at[b, g, rows], layout=row_layout, optimized=False)
-      seg_RK = lax.broadcast_in_dim(seg_R, shape, [0])
-      pos_RK = lax.broadcast_in_dim(pos_R, shape, [0])
-      q_tile = q_smem.at[wg]
-      plgpu.barrier_wait(q_bar.at[wg])
-      q_tile[...] = stage_smem.at[wg][...]
-      plgpu.commit_smem()
-      plgpu.barrier_arrive(q_free)  # the staging buffer may take the next item's rows
+      keep = _masker(seg_ref, pos_ref, kseg_ref, b, g, rows, shape)
+      _take_rows(scoped)
 
       def step_body(step, carry):
         acc, m_prev, l_prev, gstep = carry
         slot = lax.rem(gstep, stages)
         start = j * block_size + step * block_kv
-        plgpu.barrier_wait(k_bar.at[slot])
+        plgpu.barrier_wait(bars.k.at[slot])
 
         def qk(acc_ref):
-          plgpu.wgmma(acc_ref, q_tile, k_smem.at[slot].transpose((1, 0)))
+          plgpu.wgmma(acc_ref, q_tile, scoped.k.at[slot].transpose((1, 0)))
           schedule()
           return acc_ref[...]
 
         s_RK = pl.run_scoped(qk, plgpu.ACC(shape, jnp.float32))
-        plgpu.barrier_arrive(k_free.at[slot])
-
-        def masked(s_RK):
-          kseg_K = plgpu.load(kseg_ref.at[b, pl.ds(start, block_kv)],
-                              layout=plgpu.Layout.WGMMA.reduce(0), optimized=False)
-          kpos_RK = start + plgpu.broadcasted_iota(jnp.int32, shape, 1,
-                                                   layout=plgpu.Layout.WGMMA)
-          keep = ((seg_RK == lax.broadcast_in_dim(kseg_K, shape, [1])) & (seg_RK != 0)
-                  & (kpos_RK <= pos_RK))
-          return jnp.where(keep, s_RK * (sm_scale * _LOG2E), _MASK)
-
-        s_RK = lax.cond(full != 0, lambda s_RK: s_RK * (sm_scale * _LOG2E), masked, s_RK)
+        plgpu.barrier_arrive(bars.k_free.at[slot])
+        s_RK = lax.cond(full != 0, lambda s_RK: s_RK * (sm_scale * _LOG2E),
+                        lambda s_RK: jnp.where(keep(start), s_RK * (sm_scale * _LOG2E), _MASK),
+                        s_RK)
         m_next = jnp.maximum(m_prev, s_RK.max(axis=1))
         corr = jnp.exp2(m_prev - m_next)
         p = jnp.exp2(s_RK - lax.broadcast_in_dim(m_next, shape, [0]))
         l_next = l_prev * corr + p.sum(axis=1)
         acc = acc * lax.broadcast_in_dim(corr, acc.shape, [0])
-        p16 = p.astype(q_smem.dtype)
+        p16 = p.astype(q_tile.dtype)
         acc, l_next, m_next, p16 = lax.optimization_barrier((acc, l_next, m_next, p16))
-        plgpu.barrier_arrive(sched)  # softmax done
-        plgpu.barrier_wait(v_bar.at[slot])
-        plgpu.barrier_wait(sched)  # tensor cores free
-        if p_in_smem:
-          # Interpret mode runs wgmma on shared-memory operands into a fresh accumulator only.
-          p_smem.at[wg][...] = p16
-          plgpu.commit_smem()
-
-          def pv_fresh(acc_ref):
-            plgpu.wgmma(acc_ref, p_smem.at[wg], v_smem.at[slot])
-            return acc_ref[...]
-
-          acc = acc + pl.run_scoped(pv_fresh, plgpu.ACC(acc.shape, jnp.float32))
-        else:
-          def pv(acc_ref):
-            plgpu.wgmma(acc_ref, p16, v_smem.at[slot])
-
-          acc = pl.run_state(pv)(plgpu.ACC.init(acc))
-        plgpu.barrier_arrive(v_free.at[slot])
+        plgpu.barrier_arrive(bars.sched)  # softmax done
+        plgpu.barrier_wait(bars.v.at[slot])
+        plgpu.barrier_wait(bars.sched)  # tensor cores free
+        acc = _accumulate(acc, p16, scoped.v.at[slot], p_smem)
+        plgpu.barrier_arrive(bars.v_free.at[slot])
         return acc, m_next, l_next, gstep + 1
 
       init = (plgpu.layout_cast(jnp.zeros((_ROWS, d), jnp.float32), plgpu.Layout.WGMMA),
               plgpu.layout_cast(jnp.full((_ROWS,), _MASK, jnp.float32), row_layout),
               plgpu.layout_cast(jnp.zeros((_ROWS,), jnp.float32), row_layout), gstep)
       acc, m, l, gstep = lax.fori_loop(0, n, step_body, init)
-      # The output leaves through the q tile, which the next item's rows overwrite once the
-      # copy has read it.
-      q_tile[...] = (acc / lax.broadcast_in_dim(l, acc.shape, [0])).astype(q_smem.dtype)
-      lse_smem.at[wg][...] = (m + jnp.log2(l)) / _LOG2E  # natural-log lse
+      q_tile[...] = (acc / lax.broadcast_in_dim(l, acc.shape, [0])).astype(q_tile.dtype)
+      scoped.row_out.at[wg][...] = (m + jnp.log2(l)) / _LOG2E  # natural-log lse
       plgpu.commit_smem()
       plgpu.copy_smem_to_gmem(q_tile, o_ref.at[b, g, rows])
-      plgpu.copy_smem_to_gmem(lse_smem.at[wg], lse_ref.at[b, g, rows])
-      plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+      plgpu.copy_smem_to_gmem(scoped.row_out.at[wg], lse_ref.at[b, g, rows])
       return gstep
 
     lax.fori_loop(0, trips, item_body, jnp.int32(0))
     pl.when(wg == 0)(schedule)
     plgpu.wait_smem_to_gmem(0)
+
+
+def _dq_kernel(ids_ref, num_ref, blk_ref, steps_ref, full_ref, src_ref, seg_ref, pos_ref,
+               lse_ref, delta_ref, q_ref, do_ref, k_ref, v_ref, kseg_ref, dq_ref, scoped, *,
+               sm_scale, block_size, block_kv, stages, num_groups, items_per_group, grid,
+               p_in_smem):
+  """dq per sorted row, on the forward's structure: the streams gather q and dO rows; each
+  compute warpgroup runs S = q K^T and dP = dO V^T, dS = P (dP - delta) with
+  P = exp(S - lse), and dq += dS K (dS from registers), taking turns on the tensor cores
+  with the other. lse and delta come per sorted row. dq leaves through the q tile."""
+  bars = scoped.bars
+  wg = lax.axis_index("wg")
+  trips = _trips(num_ref, grid)
+  item_at = _item_reader(ids_ref, blk_ref, steps_ref, full_ref, grid=grid, num_groups=num_groups,
+                         items_per_group=items_per_group)
+  _streams(item_at, trips, src_ref, [q_ref, do_ref], k_ref, v_ref, scoped,
+           block_size=block_size, block_kv=block_kv, stages=stages)
+
+  @pl.when(wg < 2)
+  def _consumer():
+    schedule = _consumer_setup(scoped, stages)
+    shape = (_ROWS, block_kv)
+    q_tile, do_tile = (t.at[wg] for t in scoped.tiles)
+    d = q_tile.shape[-1]
+    p_smem = scoped.p.at[wg] if p_in_smem else None
+
+    def item_body(s, carry):
+      b, g, i, j, n, full = item_at(s)
+      rows = pl.ds(i * ITEM_ROWS + wg * _ROWS, _ROWS)
+      keep = _masker(seg_ref, pos_ref, kseg_ref, b, g, rows, shape)
+      lse_RK = lax.broadcast_in_dim(_row_values(lse_ref, b, g, rows) * _LOG2E, shape, [0])
+      delta_RK = lax.broadcast_in_dim(_row_values(delta_ref, b, g, rows), shape, [0])
+      _take_rows(scoped)
+
+      def step_body(step, carry):
+        acc, gstep = carry
+        slot = lax.rem(gstep, stages)
+        start = j * block_size + step * block_kv
+        plgpu.barrier_wait(bars.k.at[slot])
+        plgpu.barrier_wait(bars.v.at[slot])
+
+        def products(s_ref, dp_ref):
+          plgpu.wgmma(s_ref, q_tile, scoped.k.at[slot].transpose((1, 0)))
+          plgpu.wgmma(dp_ref, do_tile, scoped.v.at[slot].transpose((1, 0)))
+          schedule()
+          return s_ref[...], dp_ref[...]
+
+        s_RK, dp_RK = pl.run_scoped(products, plgpu.ACC(shape, jnp.float32),
+                                    plgpu.ACC(shape, jnp.float32))
+        plgpu.barrier_arrive(bars.v_free.at[slot])
+        p_RK = jnp.exp2(s_RK * (sm_scale * _LOG2E) - lse_RK)
+        p_RK = lax.cond(full != 0, lambda p: p, lambda p: jnp.where(keep(start), p, 0.0), p_RK)
+        ds16 = (p_RK * (dp_RK - delta_RK)).astype(q_tile.dtype)
+        acc, ds16 = lax.optimization_barrier((acc, ds16))
+        plgpu.barrier_arrive(bars.sched)  # elementwise work done
+        plgpu.barrier_wait(bars.sched)  # tensor cores free
+        acc = _accumulate(acc, ds16, scoped.k.at[slot], p_smem)
+        plgpu.barrier_arrive(bars.k_free.at[slot])
+        return acc, gstep + 1
+
+      init = (plgpu.layout_cast(jnp.zeros((_ROWS, d), jnp.float32), plgpu.Layout.WGMMA), carry)
+      acc, gstep = lax.fori_loop(0, n, step_body, init)
+      q_tile[...] = (acc * sm_scale).astype(q_tile.dtype)
+      plgpu.commit_smem()
+      plgpu.copy_smem_to_gmem(q_tile, dq_ref.at[b, g, rows])
+      return gstep
+
+    lax.fori_loop(0, trips, item_body, jnp.int32(0))
+    pl.when(wg == 0)(schedule)
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _check_layout(layout, block_size, block_kv):
+  _, _, l = layout.row_src_BGL.shape
+  if l % ITEM_ROWS or layout.chunk_block_BGC.shape[-1] % (l // ITEM_ROWS):
+    raise ValueError(f"the Mosaic GPU kernels need a layout padded to {ITEM_ROWS} rows "
+                     "(build_kv_layout(..., pad_rows=hopper.ITEM_ROWS))")
+  bkv = min(block_kv, block_size)
+  if block_size % bkv or bkv % 64:
+    raise ValueError(f"the Mosaic GPU kernels need block_kv % 64 == 0 dividing "
+                     f"block_size={block_size}, got {bkv}")
+  return bkv
+
+
+def _launch(kernel, args, out_type, *, name, layout, segment_ids_BT, block_size, block_kv, stages,
+            gathered, d, dt, num_ctas, interpret):
+  """Runs a compute kernel with its streams: persistent CTAs over the used items, four
+  warpgroups, the shared-memory buffers and barriers of _Scoped."""
+  _, g, l = layout.row_src_BGL.shape
+  ids, num, blk, steps, full = persistent_items(layout, segment_ids_BT, block_size=block_size,
+                                                block_kv=block_kv)
+  if num_ctas is None:
+    num_ctas = 4 if interpret else getattr(jax.devices()[0], "core_count", 132)
+  transforms = _smem_transforms(dt)
+  kernel = functools.partial(kernel, sm_scale=1.0 / math.sqrt(d), block_size=block_size,
+                             block_kv=block_kv, stages=stages, num_groups=g,
+                             items_per_group=l // ITEM_ROWS, grid=num_ctas,
+                             p_in_smem=bool(interpret))
+
+  def entry(*refs):
+    scratch = _Scoped(
+        idx=plgpu.SMEM((2, ITEM_ROWS), jnp.int32),
+        stages=[plgpu.SMEM((2, _ROWS, d), dt) for _ in range(gathered)],
+        tiles=[plgpu.SMEM((2, _ROWS, d), dt, transforms=transforms) for _ in range(gathered)],
+        k=plgpu.SMEM((stages, block_kv, d), dt, transforms=transforms),
+        v=plgpu.SMEM((stages, block_kv, d), dt, transforms=transforms),
+        row_out=plgpu.SMEM((2, _ROWS), jnp.float32),
+        p=plgpu.SMEM((2, _ROWS, block_kv), dt, transforms=transforms) if interpret else None,
+        bars=_Bars(
+            idx=plgpu.Barrier(num_barriers=2),
+            rows=plgpu.Barrier(num_arrivals=gathered * _ROWS, num_barriers=2),
+            rows_free=plgpu.Barrier(num_arrivals=2),
+            k=plgpu.Barrier(num_barriers=stages),
+            v=plgpu.Barrier(num_barriers=stages),
+            k_free=plgpu.Barrier(num_arrivals=2, num_barriers=stages),
+            v_free=plgpu.Barrier(num_arrivals=2, num_barriers=stages),
+            sched=plgpu.Barrier(num_arrivals=2)))
+    pl.run_scoped(lambda scoped: kernel(*refs, scoped), scratch, collective_axes="wg")
+
+  call = plgpu.kernel(
+      entry,
+      out_type=out_type,
+      grid=(num_ctas,),
+      grid_names=("cta",),
+      num_threads=4,
+      thread_name="wg",
+      kernel_name=name,
+      compiler_params=plgpu.CompilerParams(approx_math=True),
+      interpret=_interpret_params(interpret),
+  )
+  return call(ids, num, blk, steps, full, *args)
 
 
 def moba_forward_rows(q_BSD, layout, k_BTKD, v_BTKD, segment_ids_BT, *, block_size,
@@ -267,54 +489,42 @@ def moba_forward_rows(q_BSD, layout, k_BTKD, v_BTKD, segment_ids_BT, *, block_si
   `stages` slots: the defaults (128 keys, two stages) were the fastest on the H200 at 16/16
   heads x 128 (BENCHMARKS.md), and 128 keys in three stages do not fit its shared memory at
   head_dim 128. num_ctas: persistent CTAs (default: one per SM; four in interpret mode)."""
-  b, s, d = q_BSD.shape
+  b, _, d = q_BSD.shape
   _, g, l = layout.row_src_BGL.shape
   check_supported(q_BSD.dtype, d, bs)
-  if l % ITEM_ROWS or layout.chunk_block_BGC.shape[-1] % (l // ITEM_ROWS):
-    raise ValueError(f"the Mosaic GPU forward needs a layout padded to {ITEM_ROWS} rows "
-                     "(build_kv_layout(..., pad_rows=hopper.ITEM_ROWS))")
-  bkv = min(block_kv, block_size)
-  if block_size % bkv or bkv % 64:
-    raise ValueError(f"the Mosaic GPU forward needs block_kv % 64 == 0 dividing "
-                     f"block_size={block_size}, got {bkv}")
-  ids, num, blk, steps, full = persistent_items(layout, segment_ids_BT, block_size=block_size,
-                                                block_kv=bkv)
-  if num_ctas is None:
-    num_ctas = 4 if interpret else getattr(jax.devices()[0], "core_count", 132)
-  transforms = _smem_transforms(q_BSD.dtype)
+  bkv = _check_layout(layout, block_size, block_kv)
   dt = q_BSD.dtype
-  kernel = functools.partial(
-      _fwd_kernel, sm_scale=1.0 / math.sqrt(d), block_size=block_size, block_kv=bkv,
-      stages=stages, num_groups=g, items_per_group=l // ITEM_ROWS, grid=num_ctas,
-      p_in_smem=interpret)
+  return _launch(
+      _fwd_kernel,
+      (layout.row_src_BGL, layout.row_seg_BGL, layout.row_pos_BGL, q_BSD, k_BTKD, v_BTKD,
+       segment_ids_BT.astype(jnp.int32)),
+      [jax.ShapeDtypeStruct((b, g, l, d), dt), jax.ShapeDtypeStruct((b, g, l), jnp.float32)],
+      name="moba_fwd_hopper", layout=layout, segment_ids_BT=segment_ids_BT,
+      block_size=block_size, block_kv=bkv, stages=stages, gathered=1, d=d, dt=dt,
+      num_ctas=num_ctas, interpret=interpret)
 
-  def entry(*refs):
-    scratch = [plgpu.SMEM((2, _ROWS, d), dt),
-               plgpu.SMEM((2, _ROWS, d), dt, transforms=transforms),
-               plgpu.SMEM((2, ITEM_ROWS), jnp.int32),
-               plgpu.SMEM((stages, bkv, d), dt, transforms=transforms),
-               plgpu.SMEM((stages, bkv, d), dt, transforms=transforms),
-               plgpu.SMEM((2, _ROWS), jnp.float32),
-               plgpu.SMEM((2, _ROWS, bkv), dt, transforms=transforms) if interpret else None]
-    bars = (plgpu.Barrier(num_barriers=2), plgpu.Barrier(num_arrivals=_ROWS, num_barriers=2),
-            plgpu.Barrier(num_barriers=stages),
-            plgpu.Barrier(num_barriers=stages),
-            plgpu.Barrier(num_arrivals=2),
-            plgpu.Barrier(num_arrivals=2, num_barriers=stages),
-            plgpu.Barrier(num_arrivals=2, num_barriers=stages),
-            plgpu.Barrier(num_arrivals=2))
-    pl.run_scoped(lambda *scoped: kernel(*refs, scoped), scratch, bars, collective_axes="wg")
 
-  call = plgpu.kernel(
-      entry,
-      out_type=[jax.ShapeDtypeStruct((b, g, l, d), dt),
-                jax.ShapeDtypeStruct((b, g, l), jnp.float32)],
-      grid=(num_ctas,),
-      grid_names=("cta",),
-      num_threads=3,
-      thread_name="wg",
-      compiler_params=plgpu.CompilerParams(approx_math=True),
-      interpret=_interpret_params(interpret),
-  )
-  return call(ids, num, blk, steps, full, layout.row_src_BGL, layout.row_seg_BGL,
-              layout.row_pos_BGL, q_BSD, k_BTKD, v_BTKD, segment_ids_BT.astype(jnp.int32))
+def moba_dq_rows(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_ids_BT, *,
+                 block_size, bs: MobaBlockSizes, interpret: bool | plgpu.InterpretGPUParams,
+                 block_kv: int = 64, stages: int = 2, num_ctas: int | None = None):
+  """Partial dq [B, G, L, D] (q dtype) per sorted row, as kernels.moba_dq_rows, on a layout
+  padded with pad_rows=ITEM_ROWS. lse and delta are read per sorted row (gathered here, a
+  few bytes per row). Two gathered operands (q, dO) take twice the staging and tile space of
+  the forward, hence 64-key K/V tiles by default."""
+  b, _, d = q_BSD.shape
+  _, g, l = layout.row_src_BGL.shape
+  check_supported(q_BSD.dtype, d, bs)
+  bkv = _check_layout(layout, block_size, block_kv)
+  sorted_rows = lambda x_BS: jnp.take_along_axis(
+      x_BS, layout.row_src_BGL.reshape(b, g * l), axis=1).reshape(b, g, l)
+  dt = q_BSD.dtype
+  [dq_BGLD] = _launch(
+      _dq_kernel,
+      (layout.row_src_BGL, layout.row_seg_BGL, layout.row_pos_BGL, sorted_rows(lse_BS),
+       sorted_rows(delta_BS), q_BSD, do_BSD.astype(dt), k_BTKD, v_BTKD,
+       segment_ids_BT.astype(jnp.int32)),
+      [jax.ShapeDtypeStruct((b, g, l, d), dt)],
+      name="moba_dq_hopper", layout=layout, segment_ids_BT=segment_ids_BT,
+      block_size=block_size, block_kv=bkv, stages=stages, gathered=2, d=d, dt=dt,
+      num_ctas=num_ctas, interpret=interpret)
+  return dq_BGLD
