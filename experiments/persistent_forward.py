@@ -1,10 +1,11 @@
 """The persistent warp-specialized Mosaic GPU kernels (hopper.moba_forward_rows,
-hopper.moba_dq_rows) timed alone beside the Triton forward and dq kernels at one attention
-shape, for several key tiles and pipeline depths; every configuration's rows checked against
-the Triton kernel's with the same key tile first. GPU only.
+moba_dq_rows, moba_dkv) timed alone beside the Triton forward, dq and dk/dv kernels at one
+attention shape, for several key tiles and pipeline depths; every configuration's outputs
+checked against the Triton kernel's with the same key tile first. GPU only.
 
     python experiments/persistent_forward.py --heads h128 --block 512 --k 3 \\
-        --configs 128,2 64,2 --dq-configs 64,2 64,3 --out /tmp/persistent.json
+        --configs 128,2 64,2 --dq-configs 64,2,1 64,2,0 --dkv-stages 2 3 \\
+        --out /tmp/persistent.json
 """
 
 from __future__ import annotations
@@ -30,8 +31,10 @@ def main():
   add_point_args(p)
   p.add_argument("--configs", nargs="+", default=["128,2", "64,2", "64,3"],
                  help="block_kv,stages of the persistent forward")
-  p.add_argument("--dq-configs", nargs="*", default=["64,2", "64,3"],
-                 help="block_kv,stages of the persistent dq kernel")
+  p.add_argument("--dq-configs", nargs="*", default=["64,2,1", "64,2,0"],
+                 help="block_kv,stages,presorted of the persistent dq kernel")
+  p.add_argument("--dkv-stages", nargs="*", type=int, default=[2, 3],
+                 help="chunk pipeline depths of the dk/dv kernel")
   p.add_argument("--reps", type=int, default=10)
   p.add_argument("--out", required=True)
   args = p.parse_args()
@@ -57,18 +60,19 @@ def main():
   real = np.repeat(np.asarray(lay.chunk_block_BGC) >= 0, 64, axis=-1) & (
       np.asarray(lay.row_seg_BGL) != 0)
 
-  def mosaic_rows(kernel, configs, run_mosaic, run_triton, operands):
-    """Times run_mosaic(bkv, stages)(*operands) per config after checking its outputs
-    against run_triton(bkv)(*operands) (both return a tuple of per-sorted-row arrays)."""
+  def mosaic_rows(kernel, configs, run_mosaic, run_triton, operands, rows=True):
+    """Times run_mosaic(bkv, stages, *extra)(*operands) per config 'bkv,stages[,extra...]'
+    after checking its outputs against run_triton(bkv)(*operands) (tuples of arrays: per
+    sorted row, compared on the real rows; else whole)."""
     for cfg in configs:
-      bkv, stages = (int(x) for x in cfg.split(","))
-      row = dict(kernel=kernel, block_k=bkv, stages=stages)
+      bkv, stages, *extra = (int(x) for x in cfg.split(","))
+      row = dict(kernel=kernel, block_k=bkv, stages=stages, extra=extra)
       try:
-        fn = run_mosaic(bkv, stages)
+        fn = run_mosaic(bkv, stages, *extra)
         got, want = fn(*operands), run_triton(bkv)(*operands)
-        row["max_abs_diff"] = [float(np.abs(np.asarray(g, np.float32)[real]
-                                            - np.asarray(w, np.float32)[real]).max())
-                               for g, w in zip(got, want)]
+        pick = (lambda x: np.asarray(x, np.float32)[real]) if rows else (
+            lambda x: np.asarray(x, np.float32))
+        row["max_abs_diff"] = [float(np.abs(pick(g) - pick(w)).max()) for g, w in zip(got, want)]
         row["ms"] = timeit(fn, *operands, reps=args.reps)
       except Exception as e:  # a configuration that does not fit is reported, not fatal
         row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
@@ -97,10 +101,30 @@ def main():
   print(row, flush=True)
   mosaic_rows(
       "mosaic dq", args.dq_configs,
-      lambda bkv, stages: jax.jit(lambda q_flat, do_flat, lse, delta, k, v: (
+      lambda bkv, stages, presorted: jax.jit(lambda q_flat, do_flat, lse, delta, k, v: (
           hopper.moba_dq_rows(q_flat, do_flat, lse, delta, lay, k, v, seg, block_size=block,
-                              bs=base, interpret=False, block_kv=bkv, stages=stages),)),
+                              bs=base, interpret=False, block_kv=bkv, stages=stages,
+                              presorted=bool(presorted)),)),
       lambda bkv: triton_dq(lay, tiles(bkv)), dq_operands)
+
+  triton_dkv = lambda lay: jax.jit(lambda q_flat, do_flat, lse, delta, k, v: kernels.moba_dkv(
+      q_flat, do_flat, lse, delta, lay, k, v, seg, block_size=block, bs=base, interpret=False))
+  row = dict(kernel="triton dkv", block_k=base.block_k_dkv,
+             ms=timeit(triton_dkv(layout(None)), *dq_operands, reps=args.reps))
+  result["rows"].append(row)
+  print(row, flush=True)
+  mosaic_rows(
+      "mosaic dkv", [f"{hopper.DKV_TILE},{n}" for n in args.dkv_stages],
+      lambda _, stages: jax.jit(lambda q_flat, do_flat, lse, delta, k, v: hopper.moba_dkv(
+          q_flat, do_flat, lse, delta, lay, k, v, seg, block_size=block, bs=base,
+          interpret=False, stages=stages)),
+      lambda _: triton_dkv(lay), dq_operands, rows=False)
+  # What the dk/dv kernel's input costs: q and dO gathered into sorted order by XLA.
+  row = dict(kernel="xla sort q, dO", block_k=0, ms=timeit(jax.jit(
+      lambda q_flat, do_flat: (hopper.sorted_rows(q_flat, lay), hopper.sorted_rows(do_flat, lay))),
+      *dq_operands[:2], reps=args.reps))
+  result["rows"].append(row)
+  print(row, flush=True)
   with open(args.out, "w") as fh:
     json.dump(result, fh, indent=1)
   print(f"\n{'kernel':18s} {'block_k':>7s} {'stages':>6s} {'ms':>7s}  max |diff| vs Triton "
@@ -110,7 +134,9 @@ def main():
       print(f"{r['kernel']:18s} {r['block_k']:7d} {r.get('stages', 0):6d}  {r['error']}")
       continue
     diffs = " ".join(f"{x:.2e}" for x in r.get("max_abs_diff", []))
-    print(f"{r['kernel']:18s} {r['block_k']:7d} {r.get('stages', 0):6d} {r['ms']:7.3f}  {diffs}")
+    extra = ",".join(str(x) for x in r.get("extra", []))
+    print(f"{r['kernel']:18s} {r['block_k']:7d} {r.get('stages', 0):6d} {r['ms']:7.3f}  {diffs} "
+          f"{extra}")
 
 
 if __name__ == "__main__":

@@ -195,10 +195,11 @@ def validate(cfg: Config, device_count: int | None = None) -> None:
         # The kernel's own argument check, imported only when that kernel is chosen.
         from pallas_kernels.moba import MobaBlockSizes, hopper
         try:
-            hopper.check_supported(m.compute_dtype, m.head_dim, MobaBlockSizes())
+            hopper.check_supported(m.compute_dtype, m.head_dim, MobaBlockSizes(), a.block_size)
         except ValueError as e:
             raise ConfigError(f"attention.moba_forward: 'mosaic' with model.compute_dtype="
-                              f"{m.compute_dtype!r}, model.head_dim={m.head_dim}: {e}") from None
+                              f"{m.compute_dtype!r}, model.head_dim={m.head_dim}, "
+                              f"attention.block_size={a.block_size}: {e}") from None
     _require(a.block_size > 0, "attention.block_size", "must be positive")
     _require(d.seq_len % a.block_size == 0, "data.seq_len",
              f"{d.seq_len} is not a multiple of attention.block_size={a.block_size}")

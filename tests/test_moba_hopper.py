@@ -50,11 +50,13 @@ def test_rows_match_triton_forward(hq, hkv, block_size):
                              np.asarray(want_o, np.float32)[real_BGL], rtol=2 ** -7, atol=1e-3)
 
 
-@pytest.mark.parametrize("hq, hkv, block_size", [(2, 1, 128), (2, 2, 256)])
-def test_dq_rows_match_triton_dq(hq, hkv, block_size):
+@pytest.mark.parametrize("hq, hkv, block_size, presorted", [(2, 1, 128, False),
+                                                           (2, 2, 256, True)])
+def test_dq_rows_match_triton_dq(hq, hkv, block_size, presorted):
   """Partial dq of every row a used chunk holds equals the Triton dq kernel's with the same
   64-key tiles, given the same final lse and delta, on fresh inputs with packed documents
-  and ragged budgets; the interpreter's race detector watches the run."""
+  and ragged budgets, with q and dO rows gathered by the kernel or by XLA beforehand; the
+  interpreter's race detector watches the run."""
   from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks
   from jax.experimental.pallas import mosaic_gpu as plgpu
   rng = np.random.default_rng()
@@ -73,6 +75,7 @@ def test_dq_rows_match_triton_dq(hq, hkv, block_size):
   args = (flat(q), flat(do), flat(lse), flat(delta), layout, k, v, seg)
   want = kernels.moba_dq_rows(*args, block_size=block_size, bs=HOPPER, interpret=True)
   got = hopper.moba_dq_rows(*args, block_size=block_size, bs=HOPPER, num_ctas=3,
+                            presorted=presorted,
                             interpret=plgpu.InterpretGPUParams(detect_races=True))
   jax.block_until_ready(got)
   assert not gpu_callbacks.get_races().races_found
@@ -85,6 +88,38 @@ def test_dq_rows_match_triton_dq(hq, hkv, block_size):
   scale = np.abs(want).max()
   np.testing.assert_allclose(got, want, rtol=2 ** -7, atol=2e-3 * scale)
   assert rel_err(got, want) < 2 ** -8
+
+
+@pytest.mark.parametrize("hq, hkv, block_size", [(2, 1, 128), (4, 2, 256)])
+def test_dkv_match_triton_dkv(hq, hkv, block_size):
+  """dk and dv equal the Triton dk/dv kernel's, given the same lse and delta, on fresh inputs
+  with packed documents and ragged budgets; more key tiles than persistent CTAs, several
+  chunks per tile; the interpreter's race detector watches the run."""
+  from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+  rng = np.random.default_rng()
+  b, t, d, k_max = 2, 4 * block_size, 64, 3
+  q, k, v, do = make_inputs(rng, b, t, hq, hkv, d, jnp.bfloat16)
+  seg = packed_segments(rng, b, t, block_size, aligned=bool(rng.integers(2)))
+  budget = jnp.asarray(rng.integers(1, k_max + 1, size=b), jnp.int32)
+  sel = moba_gate(q, k, seg, budget, block_size=block_size, k_max=k_max)
+  layout = build_kv_layout(sel, seg, num_blocks=t // block_size, group_size=hq // hkv,
+                           block_rows=HOPPER.block_rows, pad_rows=hopper.ITEM_ROWS)
+  flat = lambda x: x.reshape(b, t * hq, *x.shape[3:])
+  lse = jnp.asarray(rng.uniform(2.0, 6.0, size=(b, t, hq)), jnp.float32)
+  delta = jnp.asarray(rng.standard_normal((b, t, hq)), jnp.float32)
+  args = (flat(q), flat(do), flat(lse), flat(delta), layout, k, v, seg)
+  want = kernels.moba_dkv(*args, block_size=block_size, bs=HOPPER, interpret=True)
+  got = hopper.moba_dkv(*args, block_size=block_size, bs=HOPPER, num_ctas=3,
+                        interpret=plgpu.InterpretGPUParams(detect_races=True))
+  jax.block_until_ready(got)
+  assert not gpu_callbacks.get_races().races_found
+  for name, g, w in zip(("dk", "dv"), got, want):
+    assert g.dtype == jnp.bfloat16 and g.shape == w.shape
+    g, w = np.asarray(g, np.float32), np.asarray(w, np.float32)
+    # Same float32 sums of the same bf16 products in another order, rounded to bf16 once.
+    np.testing.assert_allclose(g, w, rtol=2 ** -7, atol=1e-3 * np.abs(w).max(), err_msg=name)
+    assert rel_err(g, w) < 2 ** -8, name
 
 
 def test_persistent_full_items_match_triton_forward():
@@ -122,9 +157,10 @@ def test_persistent_full_items_match_triton_forward():
                              np.asarray(want_o, np.float32)[real], rtol=2 ** -7, atol=1e-3)
 
 
-def test_attention_with_mosaic_forward_matches_reference():
+def test_attention_with_mosaic_kernels_matches_reference():
+  """forward_kernel='mosaic': the Hopper forward, dq and dk/dv kernels end to end."""
   rng = np.random.default_rng()
-  b, t, block_size, k_max = 2, 256, 64, 3
+  b, t, block_size, k_max = 2, 512, 128, 3
   q, k, v, do = make_inputs(rng, b, t, 4, 2, 64, jnp.bfloat16)
   seg = packed_segments(rng, b, t, block_size, aligned=True)
   budget = jnp.asarray(rng.integers(1, k_max + 1, size=b), jnp.int32)
@@ -140,6 +176,7 @@ def test_attention_with_mosaic_forward_matches_reference():
     (jnp.float32, 64, HOPPER, "bfloat16"),
     (jnp.bfloat16, 32, MobaBlockSizes(block_rows=64, block_k=32, block_k_dkv=32), "head_dim"),
     (jnp.bfloat16, 64, MobaBlockSizes(block_rows=32, block_k=64), "block_rows"),
+    (jnp.bfloat16, 64, HOPPER, "block_size"),  # block_size=64 < the dk/dv key tile
 ])
 def test_unsupported_arguments_are_errors(dtype, d, bs, match):
   from pallas_kernels.moba import moba_attention
@@ -171,30 +208,40 @@ def test_gpu_compiled_mosaic_forward_matches_reference():
       assert rel_err(g, w) < TOL[jnp.bfloat16], (hq, hkv, d, name, rel_err(g, w))
 
 
-@pytest.mark.parametrize("hq, hkv, d, block_size, stages, fits", [
-    (16, 16, 128, 512, 2, True), (14, 2, 64, 256, 2, True), (16, 16, 128, 512, 3, False)])
-def test_forward_fits_h200_shared_memory(hq, hkv, d, block_size, stages, fits):
+@pytest.mark.parametrize("kernel, hq, hkv, d, block_size, stages, fits", [
+    ("fwd", 16, 16, 128, 512, 2, True), ("fwd", 14, 2, 64, 256, 2, True),
+    ("fwd", 16, 16, 128, 512, 3, False),
+    ("dq", 16, 16, 128, 512, 2, True), ("dq", 16, 16, 128, 512, 3, True),
+    ("dq", 16, 16, 128, 512, 4, False),
+    ("dkv", 16, 16, 128, 512, 2, True), ("dkv", 14, 2, 64, 256, 2, True),
+    ("dkv", 16, 16, 128, 512, 3, False)])
+def test_kernels_fit_h200_shared_memory(kernel, hq, hkv, d, block_size, stages, fits):
   """Lowered ahead of time for an H200 on the CPU (Mosaic GPU sizes shared memory while
-  lowering): the default configuration fits at the headline shapes, three 128-key stages at
-  head_dim 128 do not."""
+  lowering): each kernel's default configuration fits at the headline shapes; one more
+  pipeline stage at head_dim 128 does not (dq: two more)."""
   from jax.sharding import AbstractMesh
   from experiments.triton_ir import H200
   from pallas_kernels.moba.attention import _fused_gate
   t, k_max = 32768, 3
   shape = lambda h: jax.ShapeDtypeStruct((1, t, h, d), jnp.bfloat16)
 
-  def fwd(q, k, v, seg, budget):
+  def run(q, k, v, do, seg, budget):
     sel = _fused_gate(q, k, seg, budget, block_size=block_size, k_max=k_max, interpret=False)
     layout = build_kv_layout(sel, seg, num_blocks=t // block_size, group_size=hq // hkv,
                              block_rows=64, mark_full=False, pad_rows=hopper.ITEM_ROWS)
-    return hopper.moba_forward_rows(q.reshape(1, t * hq, d), layout, k, v, seg,
-                                    block_size=block_size, bs=HOPPER, interpret=False,
-                                    stages=stages, num_ctas=132)
+    flat = lambda x: x.reshape(1, t * hq, *x.shape[3:])
+    common = dict(block_size=block_size, bs=HOPPER, interpret=False, stages=stages,
+                  num_ctas=132)
+    if kernel == "fwd":
+      return hopper.moba_forward_rows(flat(q), layout, k, v, seg, **common)
+    lse = jnp.zeros((1, t, hq), jnp.float32)
+    fn = hopper.moba_dq_rows if kernel == "dq" else hopper.moba_dkv
+    return fn(flat(q), flat(do), flat(lse), flat(lse), layout, k, v, seg, **common)
 
-  args = (shape(hq), shape(hkv), shape(hkv), jax.ShapeDtypeStruct((1, t), jnp.int32),
+  args = (shape(hq), shape(hkv), shape(hkv), shape(hq), jax.ShapeDtypeStruct((1, t), jnp.int32),
           jax.ShapeDtypeStruct((1,), jnp.int32))
   with jax.sharding.use_abstract_mesh(AbstractMesh((1,), ("x",), abstract_device=H200)):
-    lower = lambda: jax.jit(fwd).trace(*args).lower(lowering_platforms=("cuda",))
+    lower = lambda: jax.jit(run).trace(*args).lower(lowering_platforms=("cuda",))
     if fits:
       assert "mosaic_gpu" in lower().as_text()
     else:

@@ -106,13 +106,13 @@ def test_moba_forward_kernel_choice_reaches_the_layers():
     """attention.moba_forward='mosaic' runs the Hopper forward (GPU interpret mode here) in
     every layer; the logits match the Triton forward's within bf16 rounding."""
     raw = get_config("cpu")
-    raw.attention.update(implementation="moba", block_size=64, budget=2, budget_buckets=(2,))
+    raw.attention.update(implementation="moba", block_size=128, budget=2, budget_buckets=(2,))
     raw.balance.dst = False
-    raw.data.update(seq_len=128, max_doc_len=128, min_doc_len=8)
+    raw.data.update(seq_len=256, max_doc_len=256, min_doc_len=8)
     raw.model.update(num_layers=1, d_model=128, num_heads=2, num_kv_heads=1, head_dim=64,
                      mlp_dim=128, compute_dtype="bfloat16")
     rng = np.random.default_rng()
-    ids, seg, pos = packed_inputs(rng, 2, 128, [0, 48])
+    ids, seg, pos = packed_inputs(rng, 2, 256, [0, 176])
     budget = jnp.asarray([2, 1], jnp.int32)
     logits = {}
     for kernel in ("triton", "mosaic"):

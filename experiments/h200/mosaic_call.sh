@@ -8,15 +8,17 @@
 set -uo pipefail
 OUT=${OUT:?set OUT to a writable directory}
 export PYTHONUNBUFFERED=1
-CONFIGS=${CONFIGS:-"128,2 64,2"}
-DQ_CONFIGS=${DQ_CONFIGS:-"64,2 64,3"}
+CONFIGS=${CONFIGS:-"128,2"}
+DQ_CONFIGS=${DQ_CONFIGS:-"64,2,1 64,2,0 64,3,1"}
+DKV_STAGES=${DKV_STAGES:-"2"}
 if [ "${FULL:-0}" = 1 ]; then TESTS=(tests --ignore=tests/test_notebook.py); else
   TESTS=(tests/test_moba_hopper.py); fi
 timeout 240 python3 -m pytest "${TESTS[@]}" -m gpu -p no:cacheprovider > "$OUT/pytest.txt" 2>&1
 echo "pytest -m gpu: exit $? ($(grep -E 'passed|failed|error' "$OUT/pytest.txt" | tail -1))"
 timeout 150 python3 experiments/persistent_forward.py --configs $CONFIGS --dq-configs $DQ_CONFIGS \
+    --dkv-stages $DKV_STAGES \
     --out "$OUT/alone.json" > "$OUT/alone.log" 2>&1
-echo "alone: exit $?"; grep -A12 "^kernel " "$OUT/alone.log"
+echo "alone: exit $?"; grep -A16 "^kernel " "$OUT/alone.log"
 timeout 170 python3 experiments/bench_kernel.py --forward-kernels triton mosaic \
     --seqs 32768 --blocks 512 --ks 3 8 16 --heads h128 --out "$OUT/h128.json" \
     > "$OUT/h128.log" 2>&1

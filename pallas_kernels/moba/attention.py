@@ -39,6 +39,7 @@ def _group_to_BTH(x_BGTGh, b, t, hq):
 
 FORWARD_KERNELS = {"triton": kernels.moba_forward_rows, "mosaic": hopper.moba_forward_rows}
 DQ_KERNELS = {"triton": kernels.moba_dq_rows, "mosaic": hopper.moba_dq_rows}
+DKV_KERNELS = {"triton": kernels.moba_dkv, "mosaic": hopper.moba_dkv}
 # Rows each block's run is padded to, where a forward needs more than block_rows.
 _PAD_ROWS = {"mosaic": hopper.ITEM_ROWS}
 
@@ -89,7 +90,8 @@ def _moba_bwd(block_size, bs, interpret, forward_kernel, res, do_BTHD):
   args = (flat(q_BTHD), flat(do_BTHD), flat(lse_BTH), flat(delta_BTH), layout, k_BTKD, v_BTKD,
           segment_ids_BT)
   dq_BGLD = DQ_KERNELS[forward_kernel](*args, block_size=block_size, bs=bs, interpret=interpret)
-  dk_BTKD, dv_BTKD = kernels.moba_dkv(*args, block_size=block_size, bs=bs, interpret=interpret)
+  dk_BTKD, dv_BTKD = DKV_KERNELS[forward_kernel](*args, block_size=block_size, bs=bs,
+                                                 interpret=interpret)
   used_BGTK = jnp.transpose(sel.selected_BTGK, (0, 2, 1, 3)) < t // block_size
   dq_BGTKHD = jnp.where(used_BGTK[..., None, None],
                         _from_entries(dq_BGLD, layout, gh).astype(jnp.float32), 0.0)
@@ -155,7 +157,7 @@ def moba_attention(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, budget_B, *, block_si
   bs = (block_sizes or MobaBlockSizes()).fit(block_size, q_BTHD.shape[-1])
   bs.check(block_size)
   if forward_kernel == "mosaic":
-    hopper.check_supported(q_BTHD.dtype, q_BTHD.shape[-1], bs)
+    hopper.check_supported(q_BTHD.dtype, q_BTHD.shape[-1], bs, block_size)
   segment_ids_BT = segment_ids_BT.astype(jnp.int32)
   ok_B = gating.check_budget(budget_B, k_max=k_max)
   sel, layout = gate_and_layout(q_BTHD, k_BTKD, segment_ids_BT, budget_B, block_size=block_size,

@@ -38,6 +38,7 @@ from pallas_kernels.moba import gating
 from pallas_kernels.moba.kernels import _LOG2E, _MASK, MobaBlockSizes
 
 _ROWS = 64  # one warpgroup's wgmma M
+DKV_TILE = 2 * _ROWS  # keys per dk/dv work item: one 64-key half per compute warpgroup
 
 
 def _smem_transforms(dtype) -> tuple:
@@ -46,15 +47,23 @@ def _smem_transforms(dtype) -> tuple:
   return (plgpu.TilingTransform((8, per_128b)), plgpu.SwizzleTransform(128))
 
 
-def check_supported(q_dtype, head_dim: int, bs: MobaBlockSizes) -> None:
-  """Raises with the reason when the Hopper kernel cannot run these arguments."""
+def check_supported(q_dtype, head_dim: int, bs: MobaBlockSizes, block_size: int) -> None:
+  """Raises with the reason when the Hopper kernels (forward, dq, dk/dv) cannot run these
+  arguments."""
+  _check_operands(q_dtype, head_dim, bs)
+  if block_size % DKV_TILE:
+    raise ValueError(f"the Mosaic GPU dk/dv kernel needs block_size % {DKV_TILE} == 0 (its "
+                     f"key tiles), got {block_size}")
+
+
+def _check_operands(q_dtype, head_dim: int, bs: MobaBlockSizes) -> None:
   if jnp.dtype(q_dtype) != jnp.bfloat16:
-    raise ValueError(f"the Mosaic GPU kernel takes bfloat16 q/k/v, got {jnp.dtype(q_dtype)}; "
+    raise ValueError(f"the Mosaic GPU kernels take bfloat16 q/k/v, got {jnp.dtype(q_dtype)}; "
                      "use forward_kernel='triton' for other dtypes")
   if head_dim % 64:
-    raise ValueError(f"the Mosaic GPU kernel needs head_dim % 64 == 0, got {head_dim}")
+    raise ValueError(f"the Mosaic GPU kernels need head_dim % 64 == 0, got {head_dim}")
   if bs.block_rows != _ROWS:
-    raise ValueError(f"the Mosaic GPU kernel needs MobaBlockSizes.block_rows == {_ROWS}, got "
+    raise ValueError(f"the Mosaic GPU kernels need MobaBlockSizes.block_rows == {_ROWS}, got "
                      f"{bs.block_rows}")
 
 
@@ -112,7 +121,7 @@ def _trips(num_ref, grid):
 
 
 def _streams(item_at, trips, src_ref, gathered, k_ref, v_ref, scoped, *, block_size, block_kv,
-             stages):
+             stages, presorted=False):
   """The two streaming warpgroups, shared by the forward and dq kernels.
 
   Warpgroup 2 streams each item's K/V tiles into `stages` slots by TMA, straight on from one
@@ -122,7 +131,8 @@ def _streams(item_at, trips, src_ref, gathered, k_ref, v_ref, scoped, *, block_s
   memory, the next item's while this one computes), then one copy per row into a plain
   buffer, which the compute warpgroups move into their swizzled tiles. 128 single-row copies
   per item and ref, issued by one thread, would hold up the K/V stream if one warpgroup
-  issued both."""
+  issued both. presorted: the refs in `gathered` already hold the rows in sorted order
+  ([B, G, L, D]), so each half is one box copy and no row ids are read."""
   idx_smem, stage_smems, k_smem, v_smem = scoped.idx, scoped.stages, scoped.k, scoped.v
   bars = scoped.bars
   wg = lax.axis_index("wg")
@@ -161,6 +171,18 @@ def _streams(item_at, trips, src_ref, gathered, k_ref, v_ref, scoped, *, block_s
       plgpu.copy_gmem_to_smem(src_ref.at[b, g, pl.ds(i * ITEM_ROWS, ITEM_ROWS)],
                               idx_smem.at[lax.rem(s, 2)], bars.idx.at[lax.rem(s, 2)])
 
+    if presorted:
+      @pl.loop(0, trips)
+      def _item(s):
+        b, g, i, _, _, _ = item_at(s)
+        plgpu.barrier_wait(bars.rows_free)
+        for w in range(2):
+          rows = pl.ds(i * ITEM_ROWS + w * _ROWS, _ROWS)
+          for ref, stage in zip(gathered, stage_smems):
+            plgpu.copy_gmem_to_smem(ref.at[b, g, rows], stage.at[w], bars.rows.at[w])
+
+      plgpu.barrier_wait(bars.rows_free)  # the last phase (see above)
+      return
     pl.when(trips > 0)(lambda: fetch_ids(0))
 
     @pl.loop(0, trips)
@@ -275,7 +297,7 @@ def _accumulate(acc, a, b_ref, p_smem):
 
 def _fwd_kernel(ids_ref, num_ref, blk_ref, steps_ref, full_ref, src_ref, seg_ref, pos_ref, q_ref,
                 k_ref, v_ref, kseg_ref, o_ref, lse_ref, scoped, *, sm_scale, block_size, block_kv,
-                stages, num_groups, items_per_group, grid, p_in_smem):
+                stages, num_groups, items_per_group, grid, p_in_smem, presorted):
   """Four warpgroups per CTA: two compute warpgroups (64 rows of an item each) and the two
   streams of _streams (K/V tiles; query rows). Each CTA runs items cta, cta + grid, ... of
   the used-item list, so the streams run on across items. The output leaves through the
@@ -286,7 +308,7 @@ def _fwd_kernel(ids_ref, num_ref, blk_ref, steps_ref, full_ref, src_ref, seg_ref
   item_at = _item_reader(ids_ref, blk_ref, steps_ref, full_ref, grid=grid, num_groups=num_groups,
                          items_per_group=items_per_group)
   _streams(item_at, trips, src_ref, [q_ref], k_ref, v_ref, scoped, block_size=block_size,
-           block_kv=block_kv, stages=stages)
+           block_kv=block_kv, stages=stages, presorted=presorted)
 
   @pl.when(wg < 2)
   def _consumer():
@@ -352,7 +374,7 @@ def _fwd_kernel(ids_ref, num_ref, blk_ref, steps_ref, full_ref, src_ref, seg_ref
 def _dq_kernel(ids_ref, num_ref, blk_ref, steps_ref, full_ref, src_ref, seg_ref, pos_ref,
                lse_ref, delta_ref, q_ref, do_ref, k_ref, v_ref, kseg_ref, dq_ref, scoped, *,
                sm_scale, block_size, block_kv, stages, num_groups, items_per_group, grid,
-               p_in_smem):
+               p_in_smem, presorted):
   """dq per sorted row, on the forward's structure: the streams gather q and dO rows; each
   compute warpgroup runs S = q K^T and dP = dO V^T, dS = P (dP - delta) with
   P = exp(S - lse), and dq += dS K (dS from registers), taking turns on the tensor cores
@@ -363,7 +385,7 @@ def _dq_kernel(ids_ref, num_ref, blk_ref, steps_ref, full_ref, src_ref, seg_ref,
   item_at = _item_reader(ids_ref, blk_ref, steps_ref, full_ref, grid=grid, num_groups=num_groups,
                          items_per_group=items_per_group)
   _streams(item_at, trips, src_ref, [q_ref, do_ref], k_ref, v_ref, scoped,
-           block_size=block_size, block_kv=block_kv, stages=stages)
+           block_size=block_size, block_kv=block_kv, stages=stages, presorted=presorted)
 
   @pl.when(wg < 2)
   def _consumer():
@@ -432,7 +454,7 @@ def _check_layout(layout, block_size, block_kv):
 
 
 def _launch(kernel, args, out_type, *, name, layout, segment_ids_BT, block_size, block_kv, stages,
-            gathered, d, dt, num_ctas, interpret):
+            gathered, d, dt, num_ctas, interpret, presorted=False):
   """Runs a compute kernel with its streams: persistent CTAs over the used items, four
   warpgroups, the shared-memory buffers and barriers of _Scoped."""
   _, g, l = layout.row_src_BGL.shape
@@ -444,7 +466,7 @@ def _launch(kernel, args, out_type, *, name, layout, segment_ids_BT, block_size,
   kernel = functools.partial(kernel, sm_scale=1.0 / math.sqrt(d), block_size=block_size,
                              block_kv=block_kv, stages=stages, num_groups=g,
                              items_per_group=l // ITEM_ROWS, grid=num_ctas,
-                             p_in_smem=bool(interpret))
+                             p_in_smem=bool(interpret), presorted=presorted)
 
   def entry(*refs):
     scratch = _Scoped(
@@ -457,7 +479,8 @@ def _launch(kernel, args, out_type, *, name, layout, segment_ids_BT, block_size,
         p=plgpu.SMEM((2, _ROWS, block_kv), dt, transforms=transforms) if interpret else None,
         bars=_Bars(
             idx=plgpu.Barrier(num_barriers=2),
-            rows=plgpu.Barrier(num_arrivals=gathered * _ROWS, num_barriers=2),
+            rows=plgpu.Barrier(num_arrivals=gathered * (1 if presorted else _ROWS),
+                               num_barriers=2),
             rows_free=plgpu.Barrier(num_arrivals=2),
             k=plgpu.Barrier(num_barriers=stages),
             v=plgpu.Barrier(num_barriers=stages),
@@ -491,7 +514,7 @@ def moba_forward_rows(q_BSD, layout, k_BTKD, v_BTKD, segment_ids_BT, *, block_si
   head_dim 128. num_ctas: persistent CTAs (default: one per SM; four in interpret mode)."""
   b, _, d = q_BSD.shape
   _, g, l = layout.row_src_BGL.shape
-  check_supported(q_BSD.dtype, d, bs)
+  _check_operands(q_BSD.dtype, d, bs)
   bkv = _check_layout(layout, block_size, block_kv)
   dt = q_BSD.dtype
   return _launch(
@@ -506,25 +529,234 @@ def moba_forward_rows(q_BSD, layout, k_BTKD, v_BTKD, segment_ids_BT, *, block_si
 
 def moba_dq_rows(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_ids_BT, *,
                  block_size, bs: MobaBlockSizes, interpret: bool | plgpu.InterpretGPUParams,
-                 block_kv: int = 64, stages: int = 2, num_ctas: int | None = None):
+                 block_kv: int = 64, stages: int = 2, num_ctas: int | None = None,
+                 presorted: bool = True):
   """Partial dq [B, G, L, D] (q dtype) per sorted row, as kernels.moba_dq_rows, on a layout
   padded with pad_rows=ITEM_ROWS. lse and delta are read per sorted row (gathered here, a
-  few bytes per row). Two gathered operands (q, dO) take twice the staging and tile space of
-  the forward, hence 64-key K/V tiles by default."""
+  few bytes per row); q and dO too with presorted (XLA gathers them into sorted order, the
+  same arrays moba_dkv reads, so one gather serves both), else the kernel gathers their rows
+  itself. Two operands take twice the staging and tile space of the forward, hence 64-key
+  K/V tiles by default."""
   b, _, d = q_BSD.shape
   _, g, l = layout.row_src_BGL.shape
-  check_supported(q_BSD.dtype, d, bs)
+  _check_operands(q_BSD.dtype, d, bs)
   bkv = _check_layout(layout, block_size, block_kv)
-  sorted_rows = lambda x_BS: jnp.take_along_axis(
-      x_BS, layout.row_src_BGL.reshape(b, g * l), axis=1).reshape(b, g, l)
   dt = q_BSD.dtype
+  operands = (q_BSD, do_BSD.astype(dt))
+  if presorted:
+    operands = tuple(sorted_rows(x, layout) for x in operands)
   [dq_BGLD] = _launch(
       _dq_kernel,
-      (layout.row_src_BGL, layout.row_seg_BGL, layout.row_pos_BGL, sorted_rows(lse_BS),
-       sorted_rows(delta_BS), q_BSD, do_BSD.astype(dt), k_BTKD, v_BTKD,
+      (layout.row_src_BGL, layout.row_seg_BGL, layout.row_pos_BGL, sorted_rows(lse_BS, layout),
+       sorted_rows(delta_BS, layout), *operands, k_BTKD, v_BTKD,
        segment_ids_BT.astype(jnp.int32)),
       [jax.ShapeDtypeStruct((b, g, l, d), dt)],
       name="moba_dq_hopper", layout=layout, segment_ids_BT=segment_ids_BT,
       block_size=block_size, block_kv=bkv, stages=stages, gathered=2, d=d, dt=dt,
-      num_ctas=num_ctas, interpret=interpret)
+      num_ctas=num_ctas, interpret=interpret, presorted=presorted)
   return dq_BGLD
+
+
+def _dkv_kernel(ids_ref, first_ref, end_ref, seg_ref, pos_ref, lse2_ref, delta_ref, qs_ref,
+                dos_ref, k_ref, v_ref, kseg_ref, dk_ref, dv_ref, scoped, *, sm_scale,
+                tiles_per_row, num_groups, num_items, grid, stages, p_in_smem):
+  """dk/dv per key tile of DKV_TILE keys: each compute warpgroup holds dK, dV of its 64 keys
+  in registers over the 64-row chunks of the tile's block (q and dO rows already in sorted
+  order, so each chunk is one TMA box), computing S^T = K q^T and dP^T = V dO^T, then
+  dV += P^T dO and dK += dS^T q with P^T and dS^T from registers; the two warpgroups share
+  each chunk and take turns on the tensor cores. A producer warpgroup streams the tiles'
+  K/V (two buffers, so the next tile's load overlaps this one's chunks) and the chunks
+  (`stages` slots: q, dO and the rows' lse, delta, segment and position). dK and dV leave
+  through the warpgroup's half of the K/V buffer. Persistent: CTA c runs items c, c + grid,
+  ... of ids (tiles ordered by decreasing work outside)."""
+  q_smem, do_smem, rowf_smem, rowi_smem, k_smem, v_smem, p_smem, bars = scoped
+  kv_bar, kv_free, chunk_bar, chunk_free, sched = bars
+  wg = lax.axis_index("wg")
+  cta = lax.axis_index("cta")
+  trips = jnp.maximum(num_items - cta + grid - 1, 0) // grid
+
+  def item_at(s):
+    flat = ids_ref[cta + s * grid]
+    bg = lax.div(flat, tiles_per_row)
+    return (lax.div(bg, num_groups), lax.rem(bg, num_groups), lax.rem(flat, tiles_per_row),
+            first_ref[flat], end_ref[flat])
+
+  @pl.when(wg == 2)
+  def _producer():
+    plgpu.set_max_registers(40, action="decrease")
+
+    def item_body(s, cstep):
+      b, g, n, first, end = item_at(s)
+      buf = lax.rem(s, 2)
+      keys = (b, pl.ds(n * DKV_TILE, DKV_TILE), g)
+      plgpu.barrier_wait(kv_free.at[buf])
+      plgpu.copy_gmem_to_smem(k_ref.at[keys], k_smem.at[buf], kv_bar.at[buf])
+      plgpu.copy_gmem_to_smem(v_ref.at[keys], v_smem.at[buf], kv_bar.at[buf])
+
+      def chunk_body(c, cstep):
+        slot = lax.rem(cstep, stages)
+        rows = (b, g, pl.ds(c * _ROWS, _ROWS))
+        plgpu.barrier_wait(chunk_free.at[slot])
+        for src, dst in ((qs_ref, q_smem.at[slot]), (dos_ref, do_smem.at[slot]),
+                         (lse2_ref, rowf_smem.at[slot, 0]), (delta_ref, rowf_smem.at[slot, 1]),
+                         (seg_ref, rowi_smem.at[slot, 0]), (pos_ref, rowi_smem.at[slot, 1])):
+          plgpu.copy_gmem_to_smem(src.at[rows], dst, chunk_bar.at[slot])
+        return cstep + 1
+
+      return lax.fori_loop(first, end, chunk_body, cstep)
+
+    lax.fori_loop(0, trips, item_body, jnp.int32(0))
+    # The compute warpgroups free every buffer and slot once more than it was filled.
+    for buf in range(2):
+      plgpu.barrier_wait(kv_free.at[buf])
+    for slot in range(stages):
+      plgpu.barrier_wait(chunk_free.at[slot])
+
+  @pl.when(wg < 2)
+  def _consumer():
+    plgpu.set_max_registers(232, action="increase")
+    for buf in range(2):
+      plgpu.barrier_arrive(kv_free.at[buf])
+    for slot in range(stages):
+      plgpu.barrier_arrive(chunk_free.at[slot])
+
+    def schedule():  # the two warpgroups take turns on the tensor cores
+      plgpu.barrier_arrive(sched)
+      plgpu.barrier_wait(sched)
+
+    pl.when(wg == 1)(schedule)
+    shape = (_ROWS, _ROWS)  # (this warpgroup's keys, a chunk's rows)
+    d = k_smem.shape[-1]
+    mine = pl.ds(wg * _ROWS, _ROWS)
+    wg_p = p_smem.at[wg] if p_in_smem else None
+    col_layout = plgpu.Layout.WGMMA.reduce(0)
+    cols = lambda ref: lax.broadcast_in_dim(plgpu.load(ref, layout=col_layout, optimized=False),
+                                            shape, [1])
+
+    def item_body(s, cstep):
+      b, g, n, first, end = item_at(s)
+      buf = lax.rem(s, 2)
+      kstart = n * DKV_TILE + wg * _ROWS
+      kseg_K = plgpu.load(kseg_ref.at[b, pl.ds(kstart, _ROWS)],
+                          layout=plgpu.Layout.WGMMA.reduce(1), optimized=False)
+      kseg_KR = lax.broadcast_in_dim(kseg_K, shape, [0])
+      kpos_KR = kstart + plgpu.broadcasted_iota(jnp.int32, shape, 0, layout=plgpu.Layout.WGMMA)
+      k_w, v_w = k_smem.at[buf, mine], v_smem.at[buf, mine]
+      plgpu.barrier_wait(kv_bar.at[buf])
+
+      def chunk_body(c, carry):
+        dk, dv, cstep = carry
+        slot = lax.rem(cstep, stages)
+        plgpu.barrier_wait(chunk_bar.at[slot])
+        q_t, do_t = q_smem.at[slot], do_smem.at[slot]
+
+        def products(s_ref, dp_ref):
+          plgpu.wgmma(s_ref, k_w, q_t.transpose((1, 0)))
+          plgpu.wgmma(dp_ref, v_w, do_t.transpose((1, 0)))
+          schedule()
+          return s_ref[...], dp_ref[...]
+
+        s_KR, dp_KR = pl.run_scoped(products, plgpu.ACC(shape, jnp.float32),
+                                    plgpu.ACC(shape, jnp.float32))
+        seg_KR = cols(rowi_smem.at[slot, 0])
+        keep = ((seg_KR == kseg_KR) & (seg_KR != 0) & (kpos_KR <= cols(rowi_smem.at[slot, 1])))
+        p_KR = jnp.where(keep, jnp.exp2(s_KR * (sm_scale * _LOG2E) - cols(rowf_smem.at[slot, 0])),
+                         0.0)
+        ds_KR = p_KR * (dp_KR - cols(rowf_smem.at[slot, 1]))
+        p16, ds16 = p_KR.astype(q_t.dtype), ds_KR.astype(q_t.dtype)
+        dk, dv, p16, ds16 = lax.optimization_barrier((dk, dv, p16, ds16))
+        plgpu.barrier_arrive(sched)  # elementwise work done
+        plgpu.barrier_wait(sched)  # tensor cores free
+        dv = _accumulate(dv, p16, do_t, wg_p)
+        dk = _accumulate(dk, ds16, q_t, wg_p)
+        plgpu.barrier_arrive(chunk_free.at[slot])
+        return dk, dv, cstep + 1
+
+      zeros = plgpu.layout_cast(jnp.zeros((_ROWS, d), jnp.float32), plgpu.Layout.WGMMA)
+      dk, dv, cstep = lax.fori_loop(first, end, chunk_body, (zeros, zeros, cstep))
+      # This warpgroup's half of the buffer is no longer read: dK and dV leave through it.
+      k_w[...] = (dk * sm_scale).astype(k_w.dtype)
+      v_w[...] = dv.astype(v_w.dtype)
+      plgpu.commit_smem()
+      plgpu.copy_smem_to_gmem(k_w, dk_ref.at[b, pl.ds(kstart, _ROWS), g])
+      plgpu.copy_smem_to_gmem(v_w, dv_ref.at[b, pl.ds(kstart, _ROWS), g])
+      plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+      plgpu.barrier_arrive(kv_free.at[buf])
+      return cstep
+
+    lax.fori_loop(0, trips, item_body, jnp.int32(0))
+    pl.when(wg == 0)(schedule)
+    plgpu.wait_smem_to_gmem(0)
+
+
+def sorted_rows(x_BSX, layout):
+  """[B, T * Hq, X...] -> [B, G, L, X...]: each sorted row's value (padding rows: row 0's)."""
+  b, g, l = layout.row_src_BGL.shape
+  idx = layout.row_src_BGL.reshape(b, g * l, *([1] * (x_BSX.ndim - 2)))
+  return jnp.take_along_axis(x_BSX, idx, axis=1).reshape(b, g, l, *x_BSX.shape[2:])
+
+
+def moba_dkv(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_ids_BT, *,
+             block_size, bs: MobaBlockSizes, interpret: bool | plgpu.InterpretGPUParams,
+             stages: int = 2, num_ctas: int | None = None):
+  """dk, dv [B, T, Hkv, D] in k's dtype, as kernels.moba_dkv, on a layout padded with
+  pad_rows=ITEM_ROWS (block_size a multiple of DKV_TILE). q and dO are first gathered into
+  sorted order by XLA (one pass each), so that every chunk the kernel reads is one box."""
+  b, s, d = q_BSD.shape
+  _, g, l = layout.row_src_BGL.shape
+  t = k_BTKD.shape[1]
+  check_supported(q_BSD.dtype, d, bs, block_size)
+  _check_layout(layout, block_size, 64)
+  gh = s // t // g
+  tiles_per_block = block_size // DKV_TILE
+  # Chunks of the tile's block, skipping those that hold only own-block rows before the tile
+  # (a run starts with its own tokens' rows in position order; they are causally masked).
+  nonpad_BNP = (segment_ids_BT != 0).astype(jnp.int32).reshape(
+      b, t // block_size, tiles_per_block, DKV_TILE).sum(-1)
+  skip_BGn = jnp.broadcast_to(
+      (jnp.cumsum(nonpad_BNP, axis=-1) - nonpad_BNP).reshape(b, 1, -1), (b, g, t // DKV_TILE))
+  chunks_BGn2 = jnp.repeat(layout.block_chunks_BGN2, tiles_per_block, axis=2)
+  first = (chunks_BGn2[..., 0] + (skip_BGn * gh) // _ROWS).reshape(-1).astype(jnp.int32)
+  end = chunks_BGn2[..., 1].reshape(-1).astype(jnp.int32)
+  # Longest tiles first, dealt round-robin to the persistent CTAs.
+  ids = jnp.argsort(first - end, stable=True).astype(jnp.int32)
+  num_items = ids.shape[0]
+  if num_ctas is None:
+    num_ctas = 4 if interpret else getattr(jax.devices()[0], "core_count", 132)
+  dt = q_BSD.dtype
+  transforms = _smem_transforms(dt)
+  kernel = functools.partial(_dkv_kernel, sm_scale=1.0 / math.sqrt(d),
+                             tiles_per_row=t // DKV_TILE, num_groups=g, num_items=num_items,
+                             grid=num_ctas, stages=stages, p_in_smem=bool(interpret))
+
+  def entry(*refs):
+    scratch = [plgpu.SMEM((stages, _ROWS, d), dt, transforms=transforms),
+               plgpu.SMEM((stages, _ROWS, d), dt, transforms=transforms),
+               plgpu.SMEM((stages, 2, _ROWS), jnp.float32),
+               plgpu.SMEM((stages, 2, _ROWS), jnp.int32),
+               plgpu.SMEM((2, DKV_TILE, d), dt, transforms=transforms),
+               plgpu.SMEM((2, DKV_TILE, d), dt, transforms=transforms),
+               plgpu.SMEM((2, _ROWS, _ROWS), dt, transforms=transforms) if interpret else None]
+    bars = (plgpu.Barrier(num_arrivals=2, num_barriers=2),
+            plgpu.Barrier(num_arrivals=2, num_barriers=2),
+            plgpu.Barrier(num_arrivals=6, num_barriers=stages),
+            plgpu.Barrier(num_arrivals=2, num_barriers=stages),
+            plgpu.Barrier(num_arrivals=2))
+    pl.run_scoped(lambda *scoped: kernel(*refs, scoped), *scratch, bars, collective_axes="wg")
+
+  call = plgpu.kernel(
+      entry,
+      out_type=[jax.ShapeDtypeStruct(k_BTKD.shape, k_BTKD.dtype),
+                jax.ShapeDtypeStruct(v_BTKD.shape, v_BTKD.dtype)],
+      grid=(num_ctas,),
+      grid_names=("cta",),
+      num_threads=3,
+      thread_name="wg",
+      kernel_name="moba_dkv_hopper",
+      compiler_params=plgpu.CompilerParams(approx_math=True),
+      interpret=_interpret_params(interpret),
+  )
+  return call(ids, first, end, layout.row_seg_BGL, layout.row_pos_BGL,
+              sorted_rows(lse_BS * _LOG2E, layout), sorted_rows(delta_BS, layout),
+              sorted_rows(q_BSD, layout), sorted_rows(do_BSD.astype(dt), layout),
+              k_BTKD, v_BTKD, segment_ids_BT.astype(jnp.int32))
