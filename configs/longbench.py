@@ -57,9 +57,10 @@ def get_config(preset: str = "auto") -> ml_collections.ConfigDict:
     a.budget_buckets = (4, 8)  # Static k_max values compiled; budgets are data.
     a.layer_budget_scale = ()  # Optional per-layer budget multipliers (one per layer) or empty.
     a.interpret = not gpu  # Run Pallas kernels in interpret mode (CPU).
-    # MoBA forward kernel: triton (Pallas Triton, any GPU and CPU interpret mode) or mosaic
-    # (Hopper, bf16, head_dim % 64 == 0; faster at head_dim 128, slower at 64: BENCHMARKS.md).
-    a.moba_forward = "triton"
+    # MoBA kernels (forward, dq, dk/dv): triton (Pallas Triton, any GPU and CPU interpret mode)
+    # or mosaic (Hopper, bf16, head_dim % 64 == 0, block_size % 128 == 0; faster at head_dim
+    # 128, slower at 64: BENCHMARKS.md).
+    a.moba_backend = "triton"
 
     c.data = d = ml_collections.ConfigDict()
     d.seed = 0  # Seed of document sampling and batching.

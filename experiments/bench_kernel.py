@@ -61,10 +61,10 @@ def fwd_bwd(fn):
   return jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
 
 
-def check_correctness(bs: MobaBlockSizes, forward_kernels) -> list[dict]:
+def check_correctness(bs: MobaBlockSizes, backends) -> list[dict]:
   rows = []
   cases = [(dtype, heads, fk) for dtype, heads in ((jnp.float32, (4, 4)), (jnp.bfloat16, (14, 2)))
-           for fk in forward_kernels if fk == "triton" or dtype == jnp.bfloat16]
+           for fk in backends if fk == "triton" or dtype == jnp.bfloat16]
   for dtype, (hq, hkv), fk in cases:
     b, t, block, k_max, d = 2, 2048, 256, 4, 64
     q, k, v, do = inputs(1, b, t, hq, hkv, d, dtype)
@@ -74,7 +74,7 @@ def check_correctness(bs: MobaBlockSizes, forward_kernels) -> list[dict]:
     seg = jnp.asarray(seg)
     budget = jnp.asarray([2, 4], jnp.int32)
     kern = lambda q, k, v: moba_attention(q, k, v, seg, budget, block_size=block, k_max=k_max,
-                                          block_sizes=bs, forward_kernel=fk, interpret=INTERPRET)
+                                          block_sizes=bs, backend=fk, interpret=INTERPRET)
     ref = lambda q, k, v: moba_reference(q, k, v, seg, budget, block_size=block, k_max=k_max)
     # Share of (token, group) whose selection differs between the gate and the
     # dense per-(block, document) definition (near ties only; 0 expected).
@@ -92,7 +92,7 @@ def check_correctness(bs: MobaBlockSizes, forward_kernels) -> list[dict]:
       g, w = np.asarray(g, np.float64), np.asarray(w, np.float64)
       err = float(np.linalg.norm(g - w) / np.linalg.norm(w)) if np.all(np.isfinite(g)) else 1e9
       rows.append(dict(kind="check", dtype=jnp.dtype(dtype).name, heads=f"{hq}/{hkv}",
-                       forward_kernel=fk, tensor=name, rel_err=err))
+                       backend=fk, tensor=name, rel_err=err))
       print(f"check {jnp.dtype(dtype).name:8s} {hq}/{hkv} fwd={fk} {name}: rel err {err:.2e}",
             flush=True)
   return rows
@@ -117,13 +117,13 @@ def bench_cudnn(t, hq, hkv, d, reps):
 
 
 def bench_moba(t, block, ks, k_max, hq, hkv, d, bs, reps, kind="moba", gate=True,
-               forward_kernel="triton"):
+               backend="triton"):
   """One compile per (shape, k_max); every budget in ks reuses it (budgets are data)."""
   q, k_, v, do = inputs(0, 1, t, hq, hkv, d, jnp.bfloat16)
   seg = jnp.ones((1, t), jnp.int32)
   f = lambda q, k_, v, budget: moba_attention(q, k_, v, seg, budget, block_size=block,
                                               k_max=k_max, block_sizes=bs,
-                                              forward_kernel=forward_kernel, interpret=INTERPRET)
+                                              backend=backend, interpret=INTERPRET)
   fwd = jax.jit(f)
   fb = jax.jit(jax.grad(lambda q, k_, v, do, budget: jnp.sum(
       f(q, k_, v, budget).astype(jnp.float32) * do.astype(jnp.float32)), argnums=(0, 1, 2)))
@@ -131,13 +131,13 @@ def bench_moba(t, block, ks, k_max, hq, hkv, d, bs, reps, kind="moba", gate=True
                                                    k_max=k_max))
   gate_fn = jax.jit(lambda q, k_, budget: step_gating(
       q, k_, seg, budget, block_size=block, k_max=k_max, bs=bs, interpret=INTERPRET,
-      forward_kernel=forward_kernel))
+      backend=backend))
   rows = []
   for k in ks:
     budget = jnp.asarray([k], jnp.int32)
     flops = 4 * d * attended_pairs(sel_fn(q, k_, budget), block, hq // hkv)
     row = dict(kind=kind, seq=t, block=block, k=k, k_max=k_max, heads=f"{hq}/{hkv}", d=d,
-               forward_kernel=forward_kernel,
+               backend=backend,
                block_sizes=dataclasses.asdict(bs.fit(block, d)))
     row["fwd_ms"] = timeit(fwd, q, k_, v, budget, reps=reps)
     row["fwdbwd_ms"] = timeit(fb, q, k_, v, do, budget, reps=reps)
@@ -281,8 +281,8 @@ def main():
                  help="time the variants at every (S, block, k, heads), not only the first")
   p.add_argument("--profile", action="store_true",
                  help="time each stage alone at the first (S, block, k, heads) for every variant")
-  p.add_argument("--forward-kernels", nargs="+", default=["triton"],
-                 choices=sorted(attention.FORWARD_KERNELS),
+  p.add_argument("--backends", nargs="+", default=["triton"],
+                 choices=sorted(attention.BACKENDS),
                  help="forward kernels to check and time (the backward is Triton's)")
   p.add_argument("--reps", type=int, default=10)
   p.add_argument("--skip-check", action="store_true")
@@ -293,7 +293,7 @@ def main():
   INTERPRET = args.interpret
   print("device:", jax.devices()[0].device_kind, "jax", jax.__version__, flush=True)
   bs0 = MobaBlockSizes()  # skip_full_masks by head_dim (variant_tag shows the choice)
-  rows = [] if args.skip_check else check_correctness(bs0, args.forward_kernels)
+  rows = [] if args.skip_check else check_correctness(bs0, args.backends)
   variants = [bs0] + [parse_variant(v) for v in args.variants.split(";") if v]
   if args.profile:
     hq, hkv, d = HEADS[args.heads[0]]
@@ -317,13 +317,13 @@ def main():
             continue
           first = t == args.seqs[0] and block == args.blocks[0] and k == args.ks[0]
           timed = variants if args.variants_everywhere or (first and not args.profile) else [bs0]
-          for bs, fk in itertools.product(timed, args.forward_kernels):
+          for bs, fk in itertools.product(timed, args.backends):
             try:
               rows.extend(bench_moba(t, block, [k], k, hq, hkv, d, bs, args.reps,
-                                     forward_kernel=fk))
+                                     backend=fk))
             except Exception as e:  # a variant that fails to compile is reported, not fatal
               rows.append(dict(kind="moba_error", seq=t, block=block, k=k, heads=name,
-                               forward_kernel=fk, block_sizes=dataclasses.asdict(bs),
+                               backend=fk, block_sizes=dataclasses.asdict(bs),
                                error=str(e)[:300]))
               print(rows[-1], flush=True)
             save()
@@ -342,7 +342,7 @@ def main():
     c = cud[(r["seq"], r["heads"])]
     r["ratio_fwdbwd"] = r["fwdbwd_tflops"] / c["fwdbwd_tflops"]
     r["ratio_fwd"] = r["fwd_tflops"] / c["fwd_tflops"]
-    print(f"{r['kind']:5s} {r['forward_kernel']:17s} {r['heads']:6s} {r['seq']:6d} "
+    print(f"{r['kind']:5s} {r['backend']:17s} {r['heads']:6s} {r['seq']:6d} "
           f"{r['block']:5d} {r['k']:2d} {r['k_max']:4d} {r['fwd_ms']:7.3f} {r['fwdbwd_ms']:7.3f} "
           f"{r['fwd_tflops']:6.1f} {r['fwdbwd_tflops']:6.1f} {r['ratio_fwdbwd']:6.3f} "
           f"{r['gate_ms']:7.3f}  {variant_tag(MobaBlockSizes(**r['block_sizes']))}")

@@ -31,7 +31,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from experiments.bench_kernel import (add_point_args, parse_variant, point_inputs,  # noqa: E402
                                       step_gating)
 from pallas_kernels.moba import MobaBlockSizes, moba_attention  # noqa: E402
-from pallas_kernels.moba.attention import FORWARD_KERNELS  # noqa: E402
+from pallas_kernels.moba.attention import BACKENDS  # noqa: E402
 
 
 def device_kernel_times(trace: dict) -> tuple[dict[str, tuple[float, int]], dict[str, float]]:
@@ -81,7 +81,7 @@ def main():
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   add_point_args(p)
   p.add_argument("--variant", default=None, help="bench_kernel.py variant syntax; default tiles")
-  p.add_argument("--forward-kernel", default="triton", choices=sorted(FORWARD_KERNELS))
+  p.add_argument("--backend", default="triton", choices=sorted(BACKENDS))
   p.add_argument("--reps", type=int, default=5)
   p.add_argument("--out", default=None)
   p.add_argument("--interpret", action="store_true", help="Pallas interpret mode (CPU smoke)")
@@ -90,7 +90,7 @@ def main():
   bs = parse_variant(args.variant) if args.variant else None
   attend = lambda q, k, v, seg, budget: moba_attention(
       q, k, v, seg, budget, block_size=args.block, k_max=args.k, block_sizes=bs,
-      forward_kernel=args.forward_kernel, interpret=args.interpret)
+      backend=args.backend, interpret=args.interpret)
   # Segments and budget are arguments, as in a training step (a closed-over constant could be
   # folded into the compiled program).
   step = jax.jit(jax.grad(lambda q, k, v, do, seg, budget: jnp.sum(
@@ -99,7 +99,7 @@ def main():
   kernels, per_thread = traced_kernel_us(step, q, k, v, do, seg, budget, reps=args.reps)
   gating = jax.jit(lambda q, k, seg, budget: step_gating(
       q, k, seg, budget, block_size=args.block, k_max=args.k, bs=bs or MobaBlockSizes(),
-      interpret=args.interpret, forward_kernel=args.forward_kernel))
+      interpret=args.interpret, backend=args.backend))
   gate_kernels, _ = traced_kernel_us(gating, q, k, seg, budget, reps=args.reps)
   total = sum(us for us, _ in kernels.values())
   gate_total = sum(us for us, _ in gate_kernels.values())
@@ -107,7 +107,7 @@ def main():
                   "launches_per_step": n / args.reps, "share": us / total}
                  for name, (us, n) in kernels.items()), key=lambda r: -r["ms_per_step"])
   result = {"seq": args.seq, "block": args.block, "k": args.k, "heads": args.heads,
-            "variant": args.variant, "forward_kernel": args.forward_kernel, "reps": args.reps,
+            "variant": args.variant, "backend": args.backend, "reps": args.reps,
             "device": jax.devices()[0].device_kind,
             "kernel_ms_per_step": total / args.reps / 1e3, "rows": rows,
             "gating_kernel_ms": gate_total / args.reps / 1e3, "gating_share": gate_total / total,

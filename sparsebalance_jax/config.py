@@ -16,7 +16,7 @@ from sparsebalance_jax.data.batching import BATCHERS
 from sparsebalance_jax.data.lengths import LENGTH_KINDS as LENGTH_DISTRIBUTIONS
 
 ATTENTION_IMPLEMENTATIONS = ("reference", "cudnn", "moba")
-MOBA_FORWARD_KERNELS = ("triton", "mosaic")  # pallas_kernels.moba forward_kernel choices
+MOBA_BACKENDS = ("triton", "mosaic")  # pallas_kernels.moba backend choices
 DTYPES = ("float32", "bfloat16")
 
 
@@ -48,7 +48,7 @@ class AttentionConfig:
     budget_buckets: tuple[int, ...]
     layer_budget_scale: tuple[float, ...]
     interpret: bool
-    moba_forward: str
+    moba_backend: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -188,16 +188,16 @@ def validate(cfg: Config, device_count: int | None = None) -> None:
     _require(a.implementation in ATTENTION_IMPLEMENTATIONS, "attention.implementation",
              f"unknown implementation {a.implementation!r}; choose one of "
              f"{ATTENTION_IMPLEMENTATIONS}")
-    _require(a.moba_forward in MOBA_FORWARD_KERNELS, "attention.moba_forward",
-             f"unknown MoBA forward kernel {a.moba_forward!r}; choose one of "
-             f"{MOBA_FORWARD_KERNELS}")
-    if a.implementation == "moba" and a.moba_forward == "mosaic":
-        # The kernel's own argument check, imported only when that kernel is chosen.
+    _require(a.moba_backend in MOBA_BACKENDS, "attention.moba_backend",
+             f"unknown MoBA kernel set {a.moba_backend!r}; choose one of "
+             f"{MOBA_BACKENDS}")
+    if a.implementation == "moba" and a.moba_backend == "mosaic":
+        # The kernels' own argument check, imported only when they are chosen.
         from pallas_kernels.moba import MobaBlockSizes, hopper
         try:
             hopper.check_supported(m.compute_dtype, m.head_dim, MobaBlockSizes(), a.block_size)
         except ValueError as e:
-            raise ConfigError(f"attention.moba_forward: 'mosaic' with model.compute_dtype="
+            raise ConfigError(f"attention.moba_backend: 'mosaic' with model.compute_dtype="
                               f"{m.compute_dtype!r}, model.head_dim={m.head_dim}, "
                               f"attention.block_size={a.block_size}: {e}") from None
     _require(a.block_size > 0, "attention.block_size", "must be positive")

@@ -155,7 +155,7 @@ def test_profile_layer_makes_a_loadable_table(tmp_path):
     # The dense reference attention keeps this fast on CPU; the GPU profile uses MoBA.
     attention_cfg = AttentionConfig(implementation="reference", block_size=16, budget=1,
                                     budget_buckets=(2,), layer_budget_scale=(), interpret=True,
-                                    moba_forward="triton")
+                                    moba_backend="triton")
     table = profiling.profile_layer(model_cfg, attention_cfg, (16, 32), (1, 2), repeats=1,
                                     log=lambda _: None)
     assert table.shape.key() == "d32_h2_kv1_hd16_mlp64_blk16"

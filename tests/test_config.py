@@ -27,8 +27,8 @@ def test_presets_are_valid():
     (dict(data__seq_len=1000), "data.seq_len"),
     (dict(attention__budget=17), "attention.budget"),
     (dict(attention__implementation="flash"), "attention.implementation"),
-    (dict(attention__moba_forward="cuda"), "attention.moba_forward"),
-    (dict(attention__moba_forward="mosaic"), "attention.moba_forward"),  # CPU preset: head_dim 32
+    (dict(attention__moba_backend="cuda"), "attention.moba_backend"),
+    (dict(attention__moba_backend="mosaic"), "attention.moba_backend"),  # CPU preset: head_dim 32
     (dict(attention__budget_buckets=(8, 4)), "attention.budget_buckets"),
     (dict(model__num_heads=5), "model.num_heads"),
     (dict(data__batcher="fifo"), "data.batcher"),
@@ -51,10 +51,10 @@ def test_mesh_must_match_devices():
         from_config_dict(get_config("cpu"), device_count=8)
 
 
-def test_moba_forward_choices_are_the_kernel_registry():
-    from pallas_kernels.moba.attention import FORWARD_KERNELS
-    from sparsebalance_jax.config import MOBA_FORWARD_KERNELS
-    assert MOBA_FORWARD_KERNELS == tuple(FORWARD_KERNELS)
+def test_moba_backends_are_the_kernel_registry():
+    from pallas_kernels.moba.attention import BACKENDS
+    from sparsebalance_jax.config import MOBA_BACKENDS
+    assert MOBA_BACKENDS == tuple(BACKENDS)
 
 
 def test_unknown_field_is_named():

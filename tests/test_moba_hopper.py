@@ -1,6 +1,8 @@
-"""The Mosaic GPU (Hopper) forward kernel: GPU interpret mode on CPU against the Triton
-forward kernel row by row (masked and full work items) and against the dense reference end
-to end; its argument checks; a GPU-marked check of the compiled kernel on an H200."""
+"""The Mosaic GPU (Hopper) kernels - forward, dq, dk/dv: GPU interpret mode on CPU against
+the Triton kernels (forward and dq row by row, masked and full work items; dk/dv whole), the
+interpreter's race detector on, and against the dense reference end to end; their argument
+checks; their shared memory for an H200, lowered ahead of time; a GPU-marked check of the
+compiled kernels on an H200."""
 
 import dataclasses
 
@@ -158,14 +160,14 @@ def test_persistent_full_items_match_triton_forward():
 
 
 def test_attention_with_mosaic_kernels_matches_reference():
-  """forward_kernel='mosaic': the Hopper forward, dq and dk/dv kernels end to end."""
+  """backend='mosaic': the Hopper forward, dq and dk/dv kernels end to end."""
   rng = np.random.default_rng()
   b, t, block_size, k_max = 2, 512, 128, 3
   q, k, v, do = make_inputs(rng, b, t, 4, 2, 64, jnp.bfloat16)
   seg = packed_segments(rng, b, t, block_size, aligned=True)
   budget = jnp.asarray(rng.integers(1, k_max + 1, size=b), jnp.int32)
   got, want = run_both(q, k, v, do, seg, budget, block_size, k_max, bs=HOPPER,
-                       forward_kernel="mosaic")
+                       backend="mosaic")
   for name, g, w in zip(("out", "dq", "dk", "dv"), got, want):
     assert rel_err(g, w) < TOL[jnp.bfloat16], (name, rel_err(g, w))
   pad = np.asarray(seg) == 0
@@ -185,16 +187,16 @@ def test_unsupported_arguments_are_errors(dtype, d, bs, match):
   seg = jnp.ones((1, 128), jnp.int32)
   with pytest.raises(ValueError, match=match):
     moba_attention(q, k, v, seg, jnp.asarray([2]), block_size=64, k_max=2, block_sizes=bs,
-                   forward_kernel="mosaic", interpret=True)
-  with pytest.raises(ValueError, match="forward_kernel"):
+                   backend="mosaic", interpret=True)
+  with pytest.raises(ValueError, match="backend"):
     moba_attention(q, k, v, seg, jnp.asarray([2]), block_size=64, k_max=2,
-                   forward_kernel="cuda", interpret=True)
+                   backend="cuda", interpret=True)
 
 
 @pytest.mark.gpu
-def test_gpu_compiled_mosaic_forward_matches_reference():
+def test_gpu_compiled_mosaic_kernels_match_reference():
   if "H100" not in jax.devices()[0].device_kind and "H200" not in jax.devices()[0].device_kind:
-    pytest.fail(f"the Mosaic GPU kernel targets Hopper, found {jax.devices()[0].device_kind}")
+    pytest.fail(f"the Mosaic GPU kernels target Hopper, found {jax.devices()[0].device_kind}")
   rng = np.random.default_rng()
   b, t, block_size, k_max = 2, 2048, 256, 4
   for hq, hkv, d in ((8, 2, 64), (4, 4, 128)):
@@ -203,7 +205,7 @@ def test_gpu_compiled_mosaic_forward_matches_reference():
     budget = jnp.asarray([2, 4], jnp.int32)
     got, want = run_both(q, k, v, do, seg, budget, block_size, k_max,
                          bs=MobaBlockSizes(block_k=128), interpret=False,
-                         forward_kernel="mosaic")
+                         backend="mosaic")
     for name, g, w in zip(("out", "dq", "dk", "dv"), got, want):
       assert rel_err(g, w) < TOL[jnp.bfloat16], (hq, hkv, d, name, rel_err(g, w))
 

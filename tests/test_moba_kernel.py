@@ -31,12 +31,12 @@ def make_inputs(rng, b, t, hq, hkv, d, dtype):
 
 
 def run_both(q, k, v, do, seg, budget, block_size, k_max, bs=SMALL, interpret=True,
-             forward_kernel="triton"):
+             backend="triton"):
   def loss(fn):
     return lambda q, k, v: jnp.sum(fn(q, k, v).astype(jnp.float32) * do.astype(jnp.float32))
   kern = lambda q, k, v: moba_attention(q, k, v, seg, budget, block_size=block_size,
                                         k_max=k_max, block_sizes=bs,
-                                        forward_kernel=forward_kernel, interpret=interpret)
+                                        backend=backend, interpret=interpret)
   ref = lambda q, k, v: moba_reference(q, k, v, seg, budget, block_size=block_size, k_max=k_max)
   # One jitted program per side: eager dispatch would compile every small op.
   both = lambda fn: jax.jit(lambda q, k, v: (fn(q, k, v),

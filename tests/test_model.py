@@ -102,9 +102,9 @@ def test_causal_and_no_cross_document_dependence(implementation):
     assert np.all(norms[32:q + 1] > 0.0)
 
 
-def test_moba_forward_kernel_choice_reaches_the_layers():
-    """attention.moba_forward='mosaic' runs the Hopper forward (GPU interpret mode here) in
-    every layer; the logits match the Triton forward's within bf16 rounding."""
+def test_moba_backend_choice_reaches_the_layers():
+    """attention.moba_backend='mosaic' runs the Hopper kernels (GPU interpret mode here) in
+    every layer; the logits match the Triton kernels' within bf16 rounding."""
     raw = get_config("cpu")
     raw.attention.update(implementation="moba", block_size=128, budget=2, budget_buckets=(2,))
     raw.balance.dst = False
@@ -116,7 +116,7 @@ def test_moba_forward_kernel_choice_reaches_the_layers():
     budget = jnp.asarray([2, 1], jnp.int32)
     logits = {}
     for kernel in ("triton", "mosaic"):
-        raw.attention.moba_forward = kernel
+        raw.attention.moba_backend = kernel
         cfg = from_config_dict(raw)
         model = Transformer(cfg.model, cfg.attention, cfg.k_max)
         params = model.init(jax.random.key(0), ids, seg, pos, budget)["params"]

@@ -3,7 +3,7 @@
 Public API::
 
     out_BTHD = moba_attention(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, budget_B, *,
-                              block_size, k_max, block_sizes=None, forward_kernel="triton",
+                              block_size, k_max, block_sizes=None, backend="triton",
                               interpret=False)
     sel = moba_gate(q_BTHD, k_BTKD, segment_ids_BT, budget_B, *, block_size, k_max)
     cov_B = moba_coverage(q_BTHD, k_BTKD, segment_ids_BT, budget_B, *, block_size, k_max)
@@ -69,7 +69,7 @@ made on this count, not by timing a query-centric kernel.
 Measured (BENCHMARKS.md, H200, bf16, S=32K, block 512, 16 heads, D=128): top-3
 forward+backward 5.3-5.8 ms, 0.38-0.41x cuDNN dense causal's useful-FLOP rate (target
 0.6x not reached), the gating 4-6% of the step's GPU time; time linear in the budget
-(R^2 0.999, k=2..16, one compile). The opt-in Hopper forward (`forward_kernel="mosaic"`,
+(R^2 0.999, k=2..16, one compile). The opt-in Hopper forward (`backend="mosaic"`,
 hopper.py: persistent, warp-specialized, in Pallas Mosaic GPU) is correct on the H200; end
 to end at 16 heads x 128 it is 1-4% faster at top-8/16 and within the run-to-run spread at
 top-3, and slower at 14/2 heads x 64; the backward is the Triton kernels' for both forwards.

@@ -27,7 +27,7 @@ def _from_entries(x_BGLX, layout: gating.MobaKVLayout, group_size: int) -> jax.A
   flat = rows_BGTKH.reshape(b, g, -1)
   rest = x_BGLX.shape[3:]
   idx = jnp.minimum(flat, x_BGLX.shape[2] - 1).reshape(b, g, -1, *([1] * len(rest)))
-  out = jnp.take_along_axis(x_BGLX, idx, axis=2)
+  out = jnp.take_along_axis(x_BGLX, idx, axis=2, mode="promise_in_bounds")
   return out.reshape(*rows_BGTKH.shape, *rest)
 
 
@@ -37,27 +37,28 @@ def _group_to_BTH(x_BGTGh, b, t, hq):
   return jnp.moveaxis(x_BGTGh, 1, 2).reshape(b, t, hq, *rest)
 
 
-FORWARD_KERNELS = {"triton": kernels.moba_forward_rows, "mosaic": hopper.moba_forward_rows}
-DQ_KERNELS = {"triton": kernels.moba_dq_rows, "mosaic": hopper.moba_dq_rows}
-DKV_KERNELS = {"triton": kernels.moba_dkv, "mosaic": hopper.moba_dkv}
-# Rows each block's run is padded to, where a forward needs more than block_rows.
+# Kernel sets: each module provides moba_forward_rows, moba_dq_rows and moba_dkv with the same
+# contracts. "triton": Pallas Triton lowering, any GPU, float32 or bf16; "mosaic": Pallas
+# Mosaic GPU, Hopper, bf16 (hopper.py).
+BACKENDS = {"triton": kernels, "mosaic": hopper}
+# Rows each block's run is padded to, where a kernel set needs more than block_rows.
 _PAD_ROWS = {"mosaic": hopper.ITEM_ROWS}
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8, 9, 10))
 def _moba_core(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, ok_B, sel, layout, block_size, bs,
-               interpret, forward_kernel):
+               interpret, backend):
   out, _ = _moba_fwd(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, ok_B, sel, layout, block_size, bs,
-                     interpret, forward_kernel)
+                     interpret, backend)
   return out
 
 
 def _moba_fwd(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, ok_B, sel, layout, block_size, bs,
-              interpret, forward_kernel):
+              interpret, backend):
   b, t, hq, d = q_BTHD.shape
   hkv = k_BTKD.shape[2]
   gh = hq // hkv
-  o_BGLD, lse_BGL = FORWARD_KERNELS[forward_kernel](
+  o_BGLD, lse_BGL = BACKENDS[backend].moba_forward_rows(
       q_BTHD.reshape(b, t * hq, d), layout, k_BTKD, v_BTKD, segment_ids_BT,
       block_size=block_size, bs=bs, interpret=interpret)
   used_BGTK = jnp.transpose(sel.selected_BTGK, (0, 2, 1, 3)) < t // block_size
@@ -78,7 +79,7 @@ def _moba_fwd(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, ok_B, sel, layout, block_s
   return out_BTHD, res
 
 
-def _moba_bwd(block_size, bs, interpret, forward_kernel, res, do_BTHD):
+def _moba_bwd(block_size, bs, interpret, backend, res, do_BTHD):
   q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, sel, layout, out_BTHD, lse_BTH = res
   b, t, hq, d = q_BTHD.shape
   hkv = k_BTKD.shape[2]
@@ -89,9 +90,10 @@ def _moba_bwd(block_size, bs, interpret, forward_kernel, res, do_BTHD):
   flat = lambda x: x.reshape(b, t * hq, *x.shape[3:])
   args = (flat(q_BTHD), flat(do_BTHD), flat(lse_BTH), flat(delta_BTH), layout, k_BTKD, v_BTKD,
           segment_ids_BT)
-  dq_BGLD = DQ_KERNELS[forward_kernel](*args, block_size=block_size, bs=bs, interpret=interpret)
-  dk_BTKD, dv_BTKD = DKV_KERNELS[forward_kernel](*args, block_size=block_size, bs=bs,
-                                                 interpret=interpret)
+  dq_BGLD = BACKENDS[backend].moba_dq_rows(*args, block_size=block_size, bs=bs,
+                                           interpret=interpret)
+  dk_BTKD, dv_BTKD = BACKENDS[backend].moba_dkv(*args, block_size=block_size, bs=bs,
+                                                interpret=interpret)
   used_BGTK = jnp.transpose(sel.selected_BTGK, (0, 2, 1, 3)) < t // block_size
   dq_BGTKHD = jnp.where(used_BGTK[..., None, None],
                         _from_entries(dq_BGLD, layout, gh).astype(jnp.float32), 0.0)
@@ -121,11 +123,11 @@ def _fused_gate(q_BTHD, k_BTKD, segment_ids_BT, budget_B, *, block_size, k_max, 
 
 
 def gate_and_layout(q_BTHD, k_BTKD, segment_ids_BT, budget_B, *, block_size: int, k_max: int,
-                    bs: MobaBlockSizes, interpret: bool, forward_kernel: str = "triton"
+                    bs: MobaBlockSizes, interpret: bool, backend: str = "triton"
                     ) -> tuple[gating.MobaSelection, gating.MobaKVLayout]:
   """The gating moba_attention runs before its kernels: the fused gate's selection and the
   KV-centric layout for the tiles of `bs` (fitted here, as the kernels fit it) and the
-  forward kernel's padding."""
+  backend's padding."""
   bs = bs.fit(block_size, q_BTHD.shape[-1])
   segment_ids_BT = segment_ids_BT.astype(jnp.int32)
   sel = _fused_gate(lax.stop_gradient(q_BTHD), lax.stop_gradient(k_BTKD), segment_ids_BT,
@@ -134,21 +136,21 @@ def gate_and_layout(q_BTHD, k_BTKD, segment_ids_BT, budget_B, *, block_size: int
   layout = gating.build_kv_layout(sel, segment_ids_BT, num_blocks=q_BTHD.shape[1] // block_size,
                                   group_size=q_BTHD.shape[2] // k_BTKD.shape[2],
                                   block_rows=bs.block_rows, mark_full=bs.skip_full_masks,
-                                  pad_rows=_PAD_ROWS.get(forward_kernel))
+                                  pad_rows=_PAD_ROWS.get(backend))
   return sel, layout
 
 
 def moba_attention(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, budget_B, *, block_size: int,
                    k_max: int, block_sizes: MobaBlockSizes | None = None,
-                   forward_kernel: str = "triton", interpret: bool = False) -> jax.Array:
+                   backend: str = "triton", interpret: bool = False) -> jax.Array:
   """MoBA attention (see the package docstring for the exact semantics).
 
-  forward_kernel: "triton" (Pallas Triton lowering, any GPU, float32 or bf16) or
-  "mosaic" (Pallas Mosaic GPU, Hopper, bf16; hopper.py); the backward is the Triton
-  kernels' either way.
+  backend: the kernel set for the forward, dq and dk/dv: "triton" (Pallas Triton lowering,
+  any GPU, float32 or bf16) or "mosaic" (Pallas Mosaic GPU, Hopper, bf16, block_size a
+  multiple of 128; hopper.py).
   """
-  if forward_kernel not in FORWARD_KERNELS:
-    raise ValueError(f"forward_kernel={forward_kernel!r} is not one of {sorted(FORWARD_KERNELS)}")
+  if backend not in BACKENDS:
+    raise ValueError(f"backend={backend!r} is not one of {sorted(BACKENDS)}")
   gating.validate_shapes(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, budget_B,
                          block_size=block_size, k_max=k_max)
   if k_BTKD.dtype != q_BTHD.dtype or v_BTKD.dtype != q_BTHD.dtype:
@@ -156,12 +158,11 @@ def moba_attention(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, budget_B, *, block_si
                      f"{k_BTKD.dtype}, {v_BTKD.dtype}")
   bs = (block_sizes or MobaBlockSizes()).fit(block_size, q_BTHD.shape[-1])
   bs.check(block_size)
-  if forward_kernel == "mosaic":
+  if backend == "mosaic":
     hopper.check_supported(q_BTHD.dtype, q_BTHD.shape[-1], bs, block_size)
   segment_ids_BT = segment_ids_BT.astype(jnp.int32)
   ok_B = gating.check_budget(budget_B, k_max=k_max)
   sel, layout = gate_and_layout(q_BTHD, k_BTKD, segment_ids_BT, budget_B, block_size=block_size,
-                                k_max=k_max, bs=bs, interpret=interpret,
-                                forward_kernel=forward_kernel)
+                                k_max=k_max, bs=bs, interpret=interpret, backend=backend)
   return _moba_core(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, ok_B, sel, layout, block_size, bs,
-                    interpret, forward_kernel)
+                    interpret, backend)

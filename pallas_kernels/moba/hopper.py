@@ -1,25 +1,30 @@
-"""Pallas Mosaic GPU (Hopper: TMA, wgmma, warp specialization) forward kernel on the
-KV-centric layout: FlashAttention-3's structure, made persistent.
+"""Pallas Mosaic GPU (Hopper: TMA, wgmma, warp specialization) kernels on the KV-centric
+layout - forward, dq and dk/dv - with FlashAttention-3's structure, made persistent: the
+`backend="mosaic"` kernel set of moba_attention.
 
-Same contract as `kernels.moba_forward_rows` (partial output and natural-log lse per sorted
-row), so the combine in attention.py does not change. What differs:
+Same contracts as kernels.moba_forward_rows / moba_dq_rows / moba_dkv, so the glue in
+attention.py does not change. What differs:
 
-* Work items of ITEM_ROWS = 128 sorted rows, one 64-row half per compute warpgroup; the
-  layout pads each block's run to 128 rows (build_kv_layout(pad_rows=ITEM_ROWS)), so an item
-  reads one KV block and its two halves share every K/V tile.
-* One CTA per SM, three warpgroups: a producer streams the items' query rows and their
-  blocks' K/V tiles (`stages` slots) by TMA, running on from one item into the next;
-  the two compute warpgroups run QK^T, the online softmax and PV on wgmma (P from registers)
-  and take turns on the tensor cores (one's softmax under the other's products). Each CTA
-  takes items cta, cta + grid, ... of the list of used items (compacted outside).
-* The kernel gathers the query rows itself: the item's row ids by one copy into shared
-  memory, one TMA copy per row into a plain staging buffer (the swizzled wgmma operand tiles
-  take no single-row copies), then each compute warpgroup moves its half into its q tile.
-* Items that attend every (row, key) pair of their block run without the mask; own-block
-  items stop after their last query's key tile.
+* One CTA per SM, walking a list of work items (cta, cta + grid, ...); two compute
+  warpgroups take turns on the tensor cores (one's softmax or dS under the other's
+  products), with P and dS fed to wgmma from registers.
+* Forward and dq: items of ITEM_ROWS = 128 sorted rows, one 64-row half per compute
+  warpgroup; the layout pads each block's run to 128 rows (build_kv_layout(pad_rows=
+  ITEM_ROWS)), so an item reads one KV block and its halves share every K/V tile. A producer
+  warpgroup streams the K/V tiles (`stages` slots) straight on from item to item; a fourth
+  warpgroup brings the item's q (dq: and dO) rows into a plain staging buffer - gathered
+  row by row by TMA after their ids (the swizzled wgmma tiles take no single-row copies), or
+  one box per half when XLA has put them in sorted order (dq's presorted) - and each
+  compute warpgroup moves its half into its swizzled tiles. Items that attend every pair of
+  their block run without the mask (forward); own-block items stop after their last query's
+  key tile.
+* dk/dv: items of DKV_TILE = 128 keys, one 64-key half per compute warpgroup, holding dK and
+  dV in registers over the 64-row chunks of the block's run (q, dO presorted by XLA, so a
+  chunk is one box), longest items first.
 
 bf16 only (wgmma's 16-bit path); float32 inputs stay on the Triton kernels. In interpret mode
-(CPU tests) P goes through shared memory, the one wgmma operand form the interpreter runs.
+(CPU tests) P and dS go through shared memory, the one wgmma operand form the interpreter
+runs.
 """
 
 from __future__ import annotations
@@ -59,7 +64,7 @@ def check_supported(q_dtype, head_dim: int, bs: MobaBlockSizes, block_size: int)
 def _check_operands(q_dtype, head_dim: int, bs: MobaBlockSizes) -> None:
   if jnp.dtype(q_dtype) != jnp.bfloat16:
     raise ValueError(f"the Mosaic GPU kernels take bfloat16 q/k/v, got {jnp.dtype(q_dtype)}; "
-                     "use forward_kernel='triton' for other dtypes")
+                     "use backend='triton' for other dtypes")
   if head_dim % 64:
     raise ValueError(f"the Mosaic GPU kernels need head_dim % 64 == 0, got {head_dim}")
   if bs.block_rows != _ROWS:
@@ -529,14 +534,14 @@ def moba_forward_rows(q_BSD, layout, k_BTKD, v_BTKD, segment_ids_BT, *, block_si
 
 def moba_dq_rows(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_ids_BT, *,
                  block_size, bs: MobaBlockSizes, interpret: bool | plgpu.InterpretGPUParams,
-                 block_kv: int = 64, stages: int = 2, num_ctas: int | None = None,
+                 block_kv: int = 64, stages: int = 3, num_ctas: int | None = None,
                  presorted: bool = True):
   """Partial dq [B, G, L, D] (q dtype) per sorted row, as kernels.moba_dq_rows, on a layout
   padded with pad_rows=ITEM_ROWS. lse and delta are read per sorted row (gathered here, a
   few bytes per row); q and dO too with presorted (XLA gathers them into sorted order, the
   same arrays moba_dkv reads, so one gather serves both), else the kernel gathers their rows
   itself. Two operands take twice the staging and tile space of the forward, hence 64-key
-  K/V tiles by default."""
+  K/V tiles (three stages fit at head_dim 128, four do not)."""
   b, _, d = q_BSD.shape
   _, g, l = layout.row_src_BGL.shape
   _check_operands(q_BSD.dtype, d, bs)
@@ -693,7 +698,9 @@ def sorted_rows(x_BSX, layout):
   """[B, T * Hq, X...] -> [B, G, L, X...]: each sorted row's value (padding rows: row 0's)."""
   b, g, l = layout.row_src_BGL.shape
   idx = layout.row_src_BGL.reshape(b, g * l, *([1] * (x_BSX.ndim - 2)))
-  return jnp.take_along_axis(x_BSX, idx, axis=1).reshape(b, g, l, *x_BSX.shape[2:])
+  # row_src is in range on every row: no bounds handling in the gather.
+  return jnp.take_along_axis(x_BSX, idx, axis=1, mode="promise_in_bounds").reshape(
+      b, g, l, *x_BSX.shape[2:])
 
 
 def moba_dkv(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_ids_BT, *,

@@ -50,7 +50,7 @@ def _moba(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, budget_B, *, cfg: AttentionCon
 
     return moba_attention(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, budget_B,
                           block_size=cfg.block_size, k_max=k_max,
-                          forward_kernel=cfg.moba_forward, interpret=cfg.interpret)
+                          backend=cfg.moba_backend, interpret=cfg.interpret)
 
 
 def _local_attention(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, budget_B, *, cfg, k_max):
