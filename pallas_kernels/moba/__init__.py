@@ -67,12 +67,11 @@ most of the prefix), which the useful-FLOP metric does not count. That choice wa
 made on this count, not by timing a query-centric kernel.
 
 Measured (BENCHMARKS.md, H200, bf16, S=32K, block 512, 16 heads, D=128): top-3
-forward+backward 5.3-5.8 ms, 0.38-0.41x cuDNN dense causal's useful-FLOP rate (target
-0.6x not reached), the gating 4-6% of the step's GPU time; time linear in the budget
-(R^2 0.999, k=2..16, one compile). The opt-in Hopper forward (`backend="mosaic"`,
-hopper.py: persistent, warp-specialized, in Pallas Mosaic GPU) is correct on the H200; end
-to end at 16 heads x 128 it is 1-4% faster at top-8/16 and within the run-to-run spread at
-top-3, and slower at 14/2 heads x 64; the backward is the Triton kernels' for both forwards.
+forward+backward 0.443x cuDNN dense causal's useful-FLOP rate with backend="mosaic" (hopper.py:
+forward, dq and dk/dv in Pallas Mosaic GPU, persistent and warp-specialized; 0.551x / 0.573x at
+top-8 / 16) and 0.38-0.41x with the Triton kernels (target 0.6x not reached); at 14/2 heads x
+64, block 256, the Triton kernels are faster. Time linear in the budget (R^2 0.999, k=2..16,
+one compile); the gating 4-9% of the step's GPU time.
 """
 
 from pallas_kernels.moba.attention import moba_attention
