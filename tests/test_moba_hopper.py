@@ -18,21 +18,33 @@ from tests.test_moba_kernel import TOL, make_inputs, rel_err, run_both
 HOPPER = MobaBlockSizes(block_rows=64, block_k=64, block_k_dkv=64)
 
 
+def kernel_args(hq, hkv, block_size):
+  """q, dO, lse, delta flattened to [B, T * Hq, ...], the layout padded for the Hopper
+  kernels, k, v and segment ids (the backward kernels' arguments; the forward takes q and
+  the last four), on fresh bf16 inputs with packed documents and ragged budgets. Any finite
+  lse and delta define the same function in the Triton and Hopper kernels; these are of the
+  size the real ones take."""
+  rng = np.random.default_rng()
+  b, t, d, k_max = 2, 4 * block_size, 64, 3
+  q, k, v, do = make_inputs(rng, b, t, hq, hkv, d, jnp.bfloat16)
+  seg = packed_segments(rng, b, t, block_size, aligned=bool(rng.integers(2)))
+  budget = jnp.asarray(rng.integers(1, k_max + 1, size=b), jnp.int32)
+  sel = moba_gate(q, k, seg, budget, block_size=block_size, k_max=k_max)
+  layout = build_kv_layout(sel, seg, num_blocks=t // block_size, group_size=hq // hkv,
+                           block_rows=HOPPER.block_rows, pad_rows=hopper.ITEM_ROWS)
+  flat = lambda x: x.reshape(b, t * hq, *x.shape[3:])
+  lse = jnp.asarray(rng.uniform(2.0, 6.0, size=(b, t, hq)), jnp.float32)
+  delta = jnp.asarray(rng.standard_normal((b, t, hq)), jnp.float32)
+  return flat(q), flat(do), flat(lse), flat(delta), layout, k, v, seg
+
+
 @pytest.mark.parametrize("hq, hkv, block_size", [(2, 1, 128), (4, 4, 64), (2, 2, 256)])
 def test_rows_match_triton_forward(hq, hkv, block_size):
   """Partial outputs and lse of every row a used chunk holds: the same function as the
   Triton kernel's with the same key tiles (so the same bf16 roundings of P), on fresh inputs
   with packed documents and ragged budgets. Three persistent CTAs, each running several work
   items of two chunks through one K/V stream; 128-key tiles where the block holds them."""
-  rng = np.random.default_rng()
-  b, t, d, k_max = 2, 4 * block_size, 64, 3
-  q, k, v, _ = make_inputs(rng, b, t, hq, hkv, d, jnp.bfloat16)
-  seg = packed_segments(rng, b, t, block_size, aligned=bool(rng.integers(2)))
-  budget = jnp.asarray(rng.integers(1, k_max + 1, size=b), jnp.int32)
-  sel = moba_gate(q, k, seg, budget, block_size=block_size, k_max=k_max)
-  layout = build_kv_layout(sel, seg, num_blocks=t // block_size, group_size=hq // hkv,
-                           block_rows=HOPPER.block_rows, pad_rows=hopper.ITEM_ROWS)
-  q_BSD = q.reshape(b, t * hq, d)
+  q_BSD, _, _, _, layout, k, v, seg = kernel_args(hq, hkv, block_size)
   args = (q_BSD, layout, k, v, seg)
   tiles = dataclasses.replace(HOPPER, block_k=min(128, block_size))
   want_o, want_lse = kernels.moba_forward_rows(*args, block_size=block_size, bs=tiles,
@@ -61,20 +73,8 @@ def test_dq_rows_match_triton_dq(hq, hkv, block_size, presorted):
   interpreter's race detector watches the run."""
   from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks
   from jax.experimental.pallas import mosaic_gpu as plgpu
-  rng = np.random.default_rng()
-  b, t, d, k_max = 2, 4 * block_size, 64, 3
-  q, k, v, do = make_inputs(rng, b, t, hq, hkv, d, jnp.bfloat16)
-  seg = packed_segments(rng, b, t, block_size, aligned=bool(rng.integers(2)))
-  budget = jnp.asarray(rng.integers(1, k_max + 1, size=b), jnp.int32)
-  sel = moba_gate(q, k, seg, budget, block_size=block_size, k_max=k_max)
-  layout = build_kv_layout(sel, seg, num_blocks=t // block_size, group_size=hq // hkv,
-                           block_rows=HOPPER.block_rows, pad_rows=hopper.ITEM_ROWS)
-  flat = lambda x: x.reshape(b, t * hq, *x.shape[3:])
-  # Any finite lse and delta define the same function in both kernels; these are of the
-  # size the real ones take.
-  lse = jnp.asarray(rng.uniform(2.0, 6.0, size=(b, t, hq)), jnp.float32)
-  delta = jnp.asarray(rng.standard_normal((b, t, hq)), jnp.float32)
-  args = (flat(q), flat(do), flat(lse), flat(delta), layout, k, v, seg)
+  args = kernel_args(hq, hkv, block_size)
+  layout = args[4]
   want = kernels.moba_dq_rows(*args, block_size=block_size, bs=HOPPER, interpret=True)
   got = hopper.moba_dq_rows(*args, block_size=block_size, bs=HOPPER, num_ctas=3,
                             presorted=presorted,
@@ -99,18 +99,7 @@ def test_dkv_match_triton_dkv(hq, hkv, block_size):
   chunks per tile; the interpreter's race detector watches the run."""
   from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks
   from jax.experimental.pallas import mosaic_gpu as plgpu
-  rng = np.random.default_rng()
-  b, t, d, k_max = 2, 4 * block_size, 64, 3
-  q, k, v, do = make_inputs(rng, b, t, hq, hkv, d, jnp.bfloat16)
-  seg = packed_segments(rng, b, t, block_size, aligned=bool(rng.integers(2)))
-  budget = jnp.asarray(rng.integers(1, k_max + 1, size=b), jnp.int32)
-  sel = moba_gate(q, k, seg, budget, block_size=block_size, k_max=k_max)
-  layout = build_kv_layout(sel, seg, num_blocks=t // block_size, group_size=hq // hkv,
-                           block_rows=HOPPER.block_rows, pad_rows=hopper.ITEM_ROWS)
-  flat = lambda x: x.reshape(b, t * hq, *x.shape[3:])
-  lse = jnp.asarray(rng.uniform(2.0, 6.0, size=(b, t, hq)), jnp.float32)
-  delta = jnp.asarray(rng.standard_normal((b, t, hq)), jnp.float32)
-  args = (flat(q), flat(do), flat(lse), flat(delta), layout, k, v, seg)
+  args = kernel_args(hq, hkv, block_size)
   want = kernels.moba_dkv(*args, block_size=block_size, bs=HOPPER, interpret=True)
   got = hopper.moba_dkv(*args, block_size=block_size, bs=HOPPER, num_ctas=3,
                         interpret=plgpu.InterpretGPUParams(detect_races=True))
