@@ -93,7 +93,7 @@ def check_correctness(bs: MobaBlockSizes, backends) -> list[dict]:
       err = float(np.linalg.norm(g - w) / np.linalg.norm(w)) if np.all(np.isfinite(g)) else 1e9
       rows.append(dict(kind="check", dtype=jnp.dtype(dtype).name, heads=f"{hq}/{hkv}",
                        backend=fk, tensor=name, rel_err=err))
-      print(f"check {jnp.dtype(dtype).name:8s} {hq}/{hkv} fwd={fk} {name}: rel err {err:.2e}",
+      print(f"check {jnp.dtype(dtype).name:8s} {hq}/{hkv} backend={fk} {name}: rel err {err:.2e}",
             flush=True)
   return rows
 
@@ -283,7 +283,7 @@ def main():
                  help="time each stage alone at the first (S, block, k, heads) for every variant")
   p.add_argument("--backends", nargs="+", default=["triton"],
                  choices=sorted(attention.BACKENDS),
-                 help="forward kernels to check and time (the backward is Triton's)")
+                 help="kernel sets to check and time (forward, dq, dk/dv)")
   p.add_argument("--reps", type=int, default=10)
   p.add_argument("--skip-check", action="store_true")
   p.add_argument("--interpret", action="store_true", help="Pallas interpret mode (CPU smoke)")
@@ -328,12 +328,13 @@ def main():
               print(rows[-1], flush=True)
             save()
         if args.sweep and args.sweep <= t // block:
-          rows.extend(bench_moba(t, block, range(2, args.sweep + 1), args.sweep, hq, hkv, d, bs0,
-                                 args.reps, kind="sweep", gate=False))
-          save()
+          for fk in args.backends:
+            rows.extend(bench_moba(t, block, range(2, args.sweep + 1), args.sweep, hq, hkv, d,
+                                   bs0, args.reps, kind="sweep", gate=False, backend=fk))
+            save()
   # Short table last.
   cud = {(r["seq"], r["heads"]): r for r in rows if r["kind"] == "cudnn"}
-  print("\nkind  fwd               heads  S      block k  kmax  fwd_ms  fb_ms   fwdTF  fbTF   "
+  print("\nkind  backend           heads  S      block k  kmax  fwd_ms  fb_ms   fwdTF  fbTF   "
         "xcuDNN(fb) gate_ms  tiles")
   for r in rows:
     if r["kind"] not in ("moba", "sweep"):
@@ -353,7 +354,8 @@ def main():
   sweeps = {}
   for r in rows:
     if r["kind"] == "sweep":
-      sweeps.setdefault((r["heads"], r["seq"], r["block"], r["k_max"]), []).append(r)
+      sweeps.setdefault((r["backend"], r["heads"], r["seq"], r["block"], r["k_max"]),
+                        []).append(r)
   for key, rs in sweeps.items():
     ks = [r["k"] for r in rs]
     fit = dict(kind="fit", key=list(key), r2_fwd=r_squared(ks, [r["fwd_ms"] for r in rs]),
