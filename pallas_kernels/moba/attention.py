@@ -3,8 +3,8 @@
 Owns the public entry, the choice of kernel set (BACKENDS) and the glue between
 the kernels: combining the per-slot partial results of every token (the kernels
 reach their query rows through the layout's row_src) - a log-sum-exp merge of the
-partial outputs in the forward pass, a sum of the partial dq in the backward pass. Selection is not differentiated (top-k is
-piecewise constant), as in MoBA.
+partial outputs in the forward pass, a sum of the partial dq in the backward pass.
+Selection is not differentiated (top-k is piecewise constant), as in MoBA.
 """
 
 from __future__ import annotations
