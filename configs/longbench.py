@@ -58,7 +58,7 @@ def get_config(preset: str = "auto") -> ml_collections.ConfigDict:
     a.layer_budget_scale = ()  # Optional per-layer budget multipliers (one per layer) or empty.
     a.interpret = not gpu  # Run Pallas kernels in interpret mode (CPU).
     # MoBA kernels (forward, dq, dk/dv): triton (Pallas Triton, any GPU and CPU interpret mode)
-    # or mosaic (Hopper, bf16, head_dim % 64 == 0, block_size % 128 == 0; faster at head_dim
+    # or mosaic (Hopper, bf16, head_dim 64 or 128, block_size % 128 == 0; faster at head_dim
     # 128, slower at 64: BENCHMARKS.md).
     a.moba_backend = "triton"
 

@@ -166,6 +166,7 @@ def test_attention_with_mosaic_kernels_matches_reference():
 @pytest.mark.parametrize("dtype, d, bs, match", [
     (jnp.float32, 64, HOPPER, "bfloat16"),
     (jnp.bfloat16, 32, MobaBlockSizes(block_rows=64, block_k=32, block_k_dkv=32), "head_dim"),
+    (jnp.bfloat16, 256, HOPPER, "head_dim"),
     (jnp.bfloat16, 64, MobaBlockSizes(block_rows=32, block_k=64), "block_rows"),
     (jnp.bfloat16, 64, HOPPER, "block_size"),  # block_size=64 < the dk/dv key tile
 ])

@@ -65,8 +65,10 @@ def _check_operands(q_dtype, head_dim: int, bs: MobaBlockSizes) -> None:
   if jnp.dtype(q_dtype) != jnp.bfloat16:
     raise ValueError(f"the Mosaic GPU kernels take bfloat16 q/k/v, got {jnp.dtype(q_dtype)}; "
                      "use backend='triton' for other dtypes")
-  if head_dim % 64:
-    raise ValueError(f"the Mosaic GPU kernels need head_dim % 64 == 0, got {head_dim}")
+  if head_dim not in (64, 128):
+    # Their tiles and pipeline depths are sized to the H200's shared memory at these two
+    # (test_kernels_fit_h200_shared_memory); wider heads overflow it.
+    raise ValueError(f"the Mosaic GPU kernels take head_dim 64 or 128, got {head_dim}")
   if bs.block_rows != _ROWS:
     raise ValueError(f"the Mosaic GPU kernels need MobaBlockSizes.block_rows == {_ROWS}, got "
                      f"{bs.block_rows}")
