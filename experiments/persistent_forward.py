@@ -49,12 +49,15 @@ def main():
   base = MobaBlockSizes().fit(block, d)
   layout = lambda pad: build_kv_layout(sel, seg, num_blocks=t // block, group_size=hq // hkv,
                                        block_rows=64, mark_full=False, pad_rows=pad)
+
+  def record(**row):
+    result["rows"].append(row)
+    print(row, flush=True)
+
   triton_fwd = lambda lay, tiles: jax.jit(lambda q_flat, k, v: kernels.moba_forward_rows(
       q_flat, lay, k, v, seg, block_size=block, bs=tiles, interpret=False))
-  row = dict(kernel="triton", block_k=base.block_k,
-             ms=timeit(triton_fwd(layout(None), base), q_flat, k, v, reps=args.reps))
-  result["rows"].append(row)
-  print(row, flush=True)
+  record(kernel="triton", block_k=base.block_k,
+         ms=timeit(triton_fwd(layout(None), base), q_flat, k, v, reps=args.reps))
 
   lay = layout(hopper.ITEM_ROWS)
   real = np.repeat(np.asarray(lay.chunk_block_BGC) >= 0, 64, axis=-1) & (
@@ -76,8 +79,7 @@ def main():
         row["ms"] = timeit(fn, *operands, reps=args.reps)
       except Exception as e:  # a configuration that does not fit is reported, not fatal
         row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
-      result["rows"].append(row)
-      print(row, flush=True)
+      record(**row)
 
   tiles = lambda bkv: dataclasses.replace(base, block_k=bkv)
   mosaic_rows(
@@ -95,10 +97,8 @@ def main():
   triton_dq = lambda lay, tiles: jax.jit(lambda q_flat, do_flat, lse, delta, k, v: (
       kernels.moba_dq_rows(q_flat, do_flat, lse, delta, lay, k, v, seg, block_size=block,
                            bs=tiles, interpret=False),))
-  row = dict(kernel="triton dq", block_k=base.block_k,
-             ms=timeit(triton_dq(layout(None), base), *dq_operands, reps=args.reps))
-  result["rows"].append(row)
-  print(row, flush=True)
+  record(kernel="triton dq", block_k=base.block_k,
+         ms=timeit(triton_dq(layout(None), base), *dq_operands, reps=args.reps))
   mosaic_rows(
       "mosaic dq", args.dq_configs,
       lambda bkv, stages, presorted: jax.jit(lambda q_flat, do_flat, lse, delta, k, v: (
@@ -109,10 +109,8 @@ def main():
 
   triton_dkv = lambda lay: jax.jit(lambda q_flat, do_flat, lse, delta, k, v: kernels.moba_dkv(
       q_flat, do_flat, lse, delta, lay, k, v, seg, block_size=block, bs=base, interpret=False))
-  row = dict(kernel="triton dkv", block_k=base.block_k_dkv,
-             ms=timeit(triton_dkv(layout(None)), *dq_operands, reps=args.reps))
-  result["rows"].append(row)
-  print(row, flush=True)
+  record(kernel="triton dkv", block_k=base.block_k_dkv,
+         ms=timeit(triton_dkv(layout(None)), *dq_operands, reps=args.reps))
   mosaic_rows(
       "mosaic dkv", [f"{hopper.DKV_TILE},{n}" for n in args.dkv_stages],
       lambda _, stages: jax.jit(lambda q_flat, do_flat, lse, delta, k, v: hopper.moba_dkv(
@@ -120,11 +118,9 @@ def main():
           interpret=False, stages=stages)),
       lambda _: triton_dkv(lay), dq_operands, rows=False)
   # What the dk/dv kernel's input costs: q and dO gathered into sorted order by XLA.
-  row = dict(kernel="xla sort q, dO", block_k=0, ms=timeit(jax.jit(
+  record(kernel="xla sort q, dO", block_k=0, ms=timeit(jax.jit(
       lambda q_flat, do_flat: (hopper.sorted_rows(q_flat, lay), hopper.sorted_rows(do_flat, lay))),
       *dq_operands[:2], reps=args.reps))
-  result["rows"].append(row)
-  print(row, flush=True)
   with open(args.out, "w") as fh:
     json.dump(result, fh, indent=1)
   print(f"\n{'kernel':18s} {'block_k':>7s} {'stages':>6s} {'extra':>5s} {'ms':>7s}  max |diff| "

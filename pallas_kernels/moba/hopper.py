@@ -40,7 +40,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels.moba import gating
-from pallas_kernels.moba.kernels import _LOG2E, _MASK, MobaBlockSizes
+from pallas_kernels.moba.kernels import _LOG2E, _MASK, MobaBlockSizes, keys_before_tile
 
 _ROWS = 64  # one warpgroup's wgmma M
 DKV_TILE = 2 * _ROWS  # keys per dk/dv work item: one 64-key half per compute warpgroup
@@ -122,9 +122,9 @@ def _item_reader(ids_ref, blk_ref, steps_ref, full_ref, *, grid, num_groups, ite
   return item_at
 
 
-def _trips(num_ref, grid):
-  """Items this CTA runs: cta, cta + grid, ... below the used-item count."""
-  return jnp.maximum(num_ref[0] - lax.axis_index("cta") + grid - 1, 0) // grid
+def _trips(num, grid):
+  """Items this CTA runs: cta, cta + grid, ... below the item count `num`."""
+  return jnp.maximum(num - lax.axis_index("cta") + grid - 1, 0) // grid
 
 
 def _streams(item_at, trips, src_ref, gathered, k_ref, v_ref, scoped, *, block_size, block_kv,
@@ -163,11 +163,7 @@ def _streams(item_at, trips, src_ref, gathered, k_ref, v_ref, scoped, *, block_s
       return lax.fori_loop(0, n, step_body, gstep)
 
     lax.fori_loop(0, trips, item_body, jnp.int32(0))
-    # The compute warpgroups free every slot once more than it was filled (they free them
-    # all at the start): observe those last phases, which also waits for them to finish.
-    for slot in range(stages):
-      plgpu.barrier_wait(bars.k_free.at[slot])
-      plgpu.barrier_wait(bars.v_free.at[slot])
+    _await_last_frees(_slots(bars.k_free, stages) + _slots(bars.v_free, stages))
 
   @pl.when(wg == 3)
   def _row_gatherer():
@@ -188,7 +184,7 @@ def _streams(item_at, trips, src_ref, gathered, k_ref, v_ref, scoped, *, block_s
           for ref, stage in zip(gathered, stage_smems):
             plgpu.copy_gmem_to_smem(ref.at[b, g, rows], stage.at[w], bars.rows.at[w])
 
-      plgpu.barrier_wait(bars.rows_free)  # the last phase (see above)
+      _await_last_frees([bars.rows_free])
       return
     pl.when(trips > 0)(lambda: fetch_ids(0))
 
@@ -208,7 +204,7 @@ def _streams(item_at, trips, src_ref, gathered, k_ref, v_ref, scoped, *, block_s
       # arrive while this item computes.
       pl.when(s + 1 < trips)(lambda: fetch_ids(s + 1))
 
-    plgpu.barrier_wait(bars.rows_free)  # the last phase (see above)
+    _await_last_frees([bars.rows_free])
 
 
 class _Bars(NamedTuple):
@@ -233,23 +229,33 @@ class _Scoped(NamedTuple):
   bars: _Bars
 
 
-def _consumer_setup(scoped, stages):
-  """A compute warpgroup's start: its registers, every slot freed once, and the first turn
-  on the tensor cores to warpgroup 0. Returns schedule(), which ends this warpgroup's turn
-  and waits for its next one."""
-  bars = scoped.bars
+def _consumer_setup(sched, frees):
+  """A compute warpgroup's start: its registers, every buffer of `frees` (the barriers the
+  compute warpgroups arrive on once they are done with a buffer) freed once, and the first
+  turn on the tensor cores to warpgroup 0. Returns schedule(), which ends this warpgroup's
+  turn and waits for its next one."""
   plgpu.set_max_registers(232, action="increase")
-  plgpu.barrier_arrive(bars.rows_free)
-  for slot in range(stages):
-    plgpu.barrier_arrive(bars.k_free.at[slot])
-    plgpu.barrier_arrive(bars.v_free.at[slot])
+  for free in frees:
+    plgpu.barrier_arrive(free)
 
   def schedule():
-    plgpu.barrier_arrive(bars.sched)
-    plgpu.barrier_wait(bars.sched)
+    plgpu.barrier_arrive(sched)
+    plgpu.barrier_wait(sched)
 
   pl.when(lax.axis_index("wg") == 1)(schedule)
   return schedule
+
+
+def _await_last_frees(frees):
+  """A streaming warpgroup's end: the compute warpgroups free every buffer once more than it
+  was filled (they free them all at the start); observing those last phases also waits for
+  them to finish."""
+  for free in frees:
+    plgpu.barrier_wait(free)
+
+
+def _slots(bar, n):
+  return [bar.at[i] for i in range(n)]
 
 
 def _take_rows(scoped):
@@ -311,7 +317,7 @@ def _fwd_kernel(ids_ref, num_ref, blk_ref, steps_ref, full_ref, src_ref, seg_ref
   q tile."""
   bars = scoped.bars
   wg = lax.axis_index("wg")
-  trips = _trips(num_ref, grid)
+  trips = _trips(num_ref[0], grid)
   item_at = _item_reader(ids_ref, blk_ref, steps_ref, full_ref, grid=grid, num_groups=num_groups,
                          items_per_group=items_per_group)
   _streams(item_at, trips, src_ref, [q_ref], k_ref, v_ref, scoped, block_size=block_size,
@@ -319,7 +325,8 @@ def _fwd_kernel(ids_ref, num_ref, blk_ref, steps_ref, full_ref, src_ref, seg_ref
 
   @pl.when(wg < 2)
   def _consumer():
-    schedule = _consumer_setup(scoped, stages)
+    schedule = _consumer_setup(bars.sched, [bars.rows_free, *_slots(bars.k_free, stages),
+                                            *_slots(bars.v_free, stages)])
     row_layout = plgpu.Layout.WGMMA.reduce(1)
     shape = (_ROWS, block_kv)
     q_tile = scoped.tiles[0].at[wg]
@@ -388,7 +395,7 @@ def _dq_kernel(ids_ref, num_ref, blk_ref, steps_ref, full_ref, src_ref, seg_ref,
   with the other. lse and delta come per sorted row. dq leaves through the q tile."""
   bars = scoped.bars
   wg = lax.axis_index("wg")
-  trips = _trips(num_ref, grid)
+  trips = _trips(num_ref[0], grid)
   item_at = _item_reader(ids_ref, blk_ref, steps_ref, full_ref, grid=grid, num_groups=num_groups,
                          items_per_group=items_per_group)
   _streams(item_at, trips, src_ref, [q_ref, do_ref], k_ref, v_ref, scoped,
@@ -396,7 +403,8 @@ def _dq_kernel(ids_ref, num_ref, blk_ref, steps_ref, full_ref, src_ref, seg_ref,
 
   @pl.when(wg < 2)
   def _consumer():
-    schedule = _consumer_setup(scoped, stages)
+    schedule = _consumer_setup(bars.sched, [bars.rows_free, *_slots(bars.k_free, stages),
+                                            *_slots(bars.v_free, stages)])
     shape = (_ROWS, block_kv)
     q_tile, do_tile = (t.at[wg] for t in scoped.tiles)
     d = q_tile.shape[-1]
@@ -460,6 +468,29 @@ def _check_layout(layout, block_size, block_kv):
   return bkv
 
 
+def _grid(num_ctas, interpret):
+  """Persistent CTAs: as given, else one per SM (four in interpret mode)."""
+  if num_ctas is not None:
+    return num_ctas
+  return 4 if interpret else getattr(jax.devices()[0], "core_count", 132)
+
+
+def _persistent_call(entry, out_type, *, name, num_ctas, warpgroups, interpret):
+  """The Mosaic GPU kernel of `entry`: a 1-D grid of num_ctas persistent CTAs ("cta") of
+  `warpgroups` warpgroups ("wg")."""
+  return plgpu.kernel(
+      entry,
+      out_type=out_type,
+      grid=(num_ctas,),
+      grid_names=("cta",),
+      num_threads=warpgroups,
+      thread_name="wg",
+      kernel_name=name,
+      compiler_params=plgpu.CompilerParams(approx_math=True),
+      interpret=_interpret_params(interpret),
+  )
+
+
 def _launch(kernel, args, out_type, *, name, layout, segment_ids_BT, block_size, block_kv, stages,
             gathered, d, dt, num_ctas, interpret, presorted=False):
   """Runs a compute kernel with its streams: persistent CTAs over the used items, four
@@ -467,8 +498,7 @@ def _launch(kernel, args, out_type, *, name, layout, segment_ids_BT, block_size,
   _, g, l = layout.row_src_BGL.shape
   ids, num, blk, steps, full = persistent_items(layout, segment_ids_BT, block_size=block_size,
                                                 block_kv=block_kv)
-  if num_ctas is None:
-    num_ctas = 4 if interpret else getattr(jax.devices()[0], "core_count", 132)
+  num_ctas = _grid(num_ctas, interpret)
   transforms = _smem_transforms(dt)
   kernel = functools.partial(kernel, sm_scale=1.0 / math.sqrt(d), block_size=block_size,
                              block_kv=block_kv, stages=stages, num_groups=g,
@@ -496,18 +526,8 @@ def _launch(kernel, args, out_type, *, name, layout, segment_ids_BT, block_size,
             sched=plgpu.Barrier(num_arrivals=2)))
     pl.run_scoped(lambda scoped: kernel(*refs, scoped), scratch, collective_axes="wg")
 
-  call = plgpu.kernel(
-      entry,
-      out_type=out_type,
-      grid=(num_ctas,),
-      grid_names=("cta",),
-      num_threads=4,
-      thread_name="wg",
-      kernel_name=name,
-      compiler_params=plgpu.CompilerParams(approx_math=True),
-      interpret=_interpret_params(interpret),
-  )
-  return call(ids, num, blk, steps, full, *args)
+  return _persistent_call(entry, out_type, name=name, num_ctas=num_ctas, warpgroups=4,
+                          interpret=interpret)(ids, num, blk, steps, full, *args)
 
 
 def moba_forward_rows(q_BSD, layout, k_BTKD, v_BTKD, segment_ids_BT, *, block_size,
@@ -578,9 +598,10 @@ def _dkv_kernel(ids_ref, first_ref, end_ref, seg_ref, pos_ref, lse2_ref, delta_r
   ... of ids (tiles ordered by decreasing work outside)."""
   q_smem, do_smem, rowf_smem, rowi_smem, k_smem, v_smem, p_smem, bars = scoped
   kv_bar, kv_free, chunk_bar, chunk_free, sched = bars
+  frees = _slots(kv_free, 2) + _slots(chunk_free, stages)
   wg = lax.axis_index("wg")
   cta = lax.axis_index("cta")
-  trips = jnp.maximum(num_items - cta + grid - 1, 0) // grid
+  trips = _trips(num_items, grid)
 
   def item_at(s):
     flat = ids_ref[cta + s * grid]
@@ -613,25 +634,11 @@ def _dkv_kernel(ids_ref, first_ref, end_ref, seg_ref, pos_ref, lse2_ref, delta_r
       return lax.fori_loop(first, end, chunk_body, cstep)
 
     lax.fori_loop(0, trips, item_body, jnp.int32(0))
-    # The compute warpgroups free every buffer and slot once more than it was filled.
-    for buf in range(2):
-      plgpu.barrier_wait(kv_free.at[buf])
-    for slot in range(stages):
-      plgpu.barrier_wait(chunk_free.at[slot])
+    _await_last_frees(frees)
 
   @pl.when(wg < 2)
   def _consumer():
-    plgpu.set_max_registers(232, action="increase")
-    for buf in range(2):
-      plgpu.barrier_arrive(kv_free.at[buf])
-    for slot in range(stages):
-      plgpu.barrier_arrive(chunk_free.at[slot])
-
-    def schedule():  # the two warpgroups take turns on the tensor cores
-      plgpu.barrier_arrive(sched)
-      plgpu.barrier_wait(sched)
-
-    pl.when(wg == 1)(schedule)
+    schedule = _consumer_setup(sched, frees)
     shape = (_ROWS, _ROWS)  # (this warpgroup's keys, a chunk's rows)
     d = k_smem.shape[-1]
     mine = pl.ds(wg * _ROWS, _ROWS)
@@ -717,21 +724,15 @@ def moba_dkv(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_id
   check_supported(q_BSD.dtype, d, bs, block_size)
   _check_layout(layout, block_size, 64)
   gh = s // t // g
-  tiles_per_block = block_size // DKV_TILE
-  # Chunks of the tile's block, skipping those that hold only own-block rows before the tile
-  # (a run starts with its own tokens' rows in position order; they are causally masked).
-  nonpad_BNP = (segment_ids_BT != 0).astype(jnp.int32).reshape(
-      b, t // block_size, tiles_per_block, DKV_TILE).sum(-1)
-  skip_BGn = jnp.broadcast_to(
-      (jnp.cumsum(nonpad_BNP, axis=-1) - nonpad_BNP).reshape(b, 1, -1), (b, g, t // DKV_TILE))
-  chunks_BGn2 = jnp.repeat(layout.block_chunks_BGN2, tiles_per_block, axis=2)
-  first = (chunks_BGn2[..., 0] + (skip_BGn * gh) // _ROWS).reshape(-1).astype(jnp.int32)
+  # Chunks of the tile's block, less those holding only own-block rows before the tile.
+  skip_B1n = keys_before_tile(segment_ids_BT, block_size=block_size, tile=DKV_TILE)[:, None]
+  chunks_BGn2 = jnp.repeat(layout.block_chunks_BGN2, block_size // DKV_TILE, axis=2)
+  first = (chunks_BGn2[..., 0] + (skip_B1n * gh) // _ROWS).reshape(-1).astype(jnp.int32)
   end = chunks_BGn2[..., 1].reshape(-1).astype(jnp.int32)
   # Longest tiles first, dealt round-robin to the persistent CTAs.
   ids = jnp.argsort(first - end, stable=True).astype(jnp.int32)
   num_items = ids.shape[0]
-  if num_ctas is None:
-    num_ctas = 4 if interpret else getattr(jax.devices()[0], "core_count", 132)
+  num_ctas = _grid(num_ctas, interpret)
   dt = q_BSD.dtype
   transforms = _smem_transforms(dt)
   kernel = functools.partial(_dkv_kernel, sm_scale=1.0 / math.sqrt(d),
@@ -753,18 +754,10 @@ def moba_dkv(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_id
             plgpu.Barrier(num_arrivals=2))
     pl.run_scoped(lambda *scoped: kernel(*refs, scoped), *scratch, bars, collective_axes="wg")
 
-  call = plgpu.kernel(
-      entry,
-      out_type=[jax.ShapeDtypeStruct(k_BTKD.shape, k_BTKD.dtype),
-                jax.ShapeDtypeStruct(v_BTKD.shape, v_BTKD.dtype)],
-      grid=(num_ctas,),
-      grid_names=("cta",),
-      num_threads=3,
-      thread_name="wg",
-      kernel_name="moba_dkv_hopper",
-      compiler_params=plgpu.CompilerParams(approx_math=True),
-      interpret=_interpret_params(interpret),
-  )
+  call = _persistent_call(entry, [jax.ShapeDtypeStruct(k_BTKD.shape, k_BTKD.dtype),
+                                  jax.ShapeDtypeStruct(v_BTKD.shape, v_BTKD.dtype)],
+                          name="moba_dkv_hopper", num_ctas=num_ctas, warpgroups=3,
+                          interpret=interpret)
   return call(ids, first, end, layout.row_seg_BGL, layout.row_pos_BGL,
               sorted_rows(lse_BS * _LOG2E, layout), sorted_rows(delta_BS, layout),
               sorted_rows(q_BSD, layout), sorted_rows(do_BSD.astype(dt), layout),

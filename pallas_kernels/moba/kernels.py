@@ -370,6 +370,16 @@ def moba_dq_rows(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segmen
       name="moba_dq")
 
 
+def keys_before_tile(segment_ids_BT, *, block_size: int, tile: int) -> jax.Array:
+  """int32 [B, T // tile]: the non-padding keys of each key tile's block before the tile, i.e.
+  the block's own query tokens before it. A block's run starts with those tokens' rows in
+  position order and they are causally masked against the tile: dk/dv skip their chunks."""
+  b, t = segment_ids_BT.shape
+  nonpad_BNP = (segment_ids_BT != 0).astype(jnp.int32).reshape(
+      b, t // block_size, block_size // tile, tile).sum(-1)
+  return (jnp.cumsum(nonpad_BNP, axis=-1) - nonpad_BNP).reshape(b, t // tile).astype(jnp.int32)
+
+
 def moba_dkv(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_ids_BT, *,
              block_size, bs: MobaBlockSizes, interpret: bool):
   """dk, dv [B, T, Hkv, D] in k's dtype; every key tile written (zeros if unread)."""
@@ -386,10 +396,7 @@ def moba_dkv(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_id
                              block_rows=bs.block_rows, group_size=gh,
                              skip_full_masks=bs.skip_full_masks,
                              fast_exp2=bs.fast_exp2 and not interpret)
-  # Non-padding keys of the block before each key tile (= own query tokens before it).
-  nonpad_BNP = (segment_ids_BT != 0).astype(jnp.int32).reshape(b, t // tk, tk).sum(-1).reshape(
-      b, t // block_size, tiles_per_block)
-  skip_BN = (jnp.cumsum(nonpad_BNP, axis=-1) - nonpad_BNP).reshape(b, t // tk).astype(jnp.int32)
+  skip_BN = keys_before_tile(segment_ids_BT, block_size=block_size, tile=tk)
   return pl.pallas_call(
       kernel,
       grid=(b, g, t // tk),
