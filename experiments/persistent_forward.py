@@ -1,7 +1,8 @@
 """The persistent warp-specialized Mosaic GPU kernels (hopper.moba_forward_rows,
-moba_dq_rows, moba_dkv) timed alone beside the Triton forward, dq and dk/dv kernels at one
-attention shape, for several key tiles and pipeline depths; every configuration's outputs
-checked against the Triton kernel's with the same key tile first. GPU only.
+moba_dq_rows, moba_dkv, and moba_bwd_rows: dq fused into dk/dv) timed alone beside the
+Triton forward, dq and dk/dv kernels at one attention shape, for several key tiles and
+pipeline depths; every configuration's outputs checked against the Triton kernel's with the
+same key tile first. GPU only.
 
     python experiments/persistent_forward.py --heads h128 --block 512 --k 3 \\
         --configs 128,2 64,2 --dq-configs 64,2,1 64,2,0 --dkv-stages 2 3 \\
@@ -63,19 +64,21 @@ def main():
   real = np.repeat(np.asarray(lay.chunk_block_BGC) >= 0, 64, axis=-1) & (
       np.asarray(lay.row_seg_BGL) != 0)
 
-  def mosaic_rows(kernel, configs, run_mosaic, run_triton, operands, rows=True):
+  def mosaic_rows(kernel, configs, run_mosaic, run_triton, operands, rows):
     """Times run_mosaic(bkv, stages, *extra)(*operands) per config 'bkv,stages[,extra...]'
-    after checking its outputs against run_triton(bkv)(*operands) (tuples of arrays: per
-    sorted row, compared on the real rows; else whole)."""
+    after checking its outputs against run_triton(bkv)(*operands) (tuples of arrays; those
+    whose `rows` entry is True are per sorted row, compared on the real rows, the others
+    whole)."""
     for cfg in configs:
       bkv, stages, *extra = (int(x) for x in cfg.split(","))
       row = dict(kernel=kernel, block_k=bkv, stages=stages, extra=extra)
       try:
         fn = run_mosaic(bkv, stages, *extra)
         got, want = fn(*operands), run_triton(bkv)(*operands)
-        pick = (lambda x: np.asarray(x, np.float32)[real]) if rows else (
-            lambda x: np.asarray(x, np.float32))
-        row["max_abs_diff"] = [float(np.abs(pick(g) - pick(w)).max()) for g, w in zip(got, want)]
+        pick = lambda x, by_row: np.asarray(x, np.float32)[real] if by_row else np.asarray(
+            x, np.float32)
+        row["max_abs_diff"] = [float(np.abs(pick(g, r) - pick(w, r)).max())
+                               for g, w, r in zip(got, want, rows)]
         row["ms"] = timeit(fn, *operands, reps=args.reps)
       except Exception as e:  # a configuration that does not fit is reported, not fatal
         row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
@@ -87,7 +90,7 @@ def main():
       lambda bkv, stages: jax.jit(lambda q_flat, k, v: hopper.moba_forward_rows(
           q_flat, lay, k, v, seg, block_size=block, bs=base, interpret=False, block_kv=bkv,
           stages=stages)),
-      lambda bkv: triton_fwd(lay, tiles(bkv)), (q_flat, k, v))
+      lambda bkv: triton_fwd(lay, tiles(bkv)), (q_flat, k, v), rows=(True, True))
 
   # dq: any finite lse and delta define the same function in both kernels.
   rng = np.random.default_rng(1)
@@ -105,7 +108,7 @@ def main():
           hopper.moba_dq_rows(q_flat, do_flat, lse, delta, lay, k, v, seg, block_size=block,
                               bs=base, interpret=False, block_kv=bkv, stages=stages,
                               presorted=bool(presorted)),)),
-      lambda bkv: triton_dq(lay, tiles(bkv)), dq_operands)
+      lambda bkv: triton_dq(lay, tiles(bkv)), dq_operands, rows=(True,))
 
   triton_dkv = lambda lay: jax.jit(lambda q_flat, do_flat, lse, delta, k, v: kernels.moba_dkv(
       q_flat, do_flat, lse, delta, lay, k, v, seg, block_size=block, bs=base, interpret=False))
@@ -116,7 +119,17 @@ def main():
       lambda _, stages: jax.jit(lambda q_flat, do_flat, lse, delta, k, v: hopper.moba_dkv(
           q_flat, do_flat, lse, delta, lay, k, v, seg, block_size=block, bs=base,
           interpret=False, stages=stages)),
-      lambda _: triton_dkv(lay), dq_operands, rows=False)
+      lambda _: triton_dkv(lay), dq_operands, rows=(False, False))
+  triton_bwd = lambda lay: jax.jit(lambda q_flat, do_flat, lse, delta, k, v: kernels.moba_bwd_rows(
+      q_flat, do_flat, lse, delta, lay, k, v, seg, block_size=block, bs=base, interpret=False))
+  record(kernel="triton dq+dkv", block_k=base.block_k_dkv,
+         ms=timeit(triton_bwd(layout(None)), *dq_operands, reps=args.reps))
+  mosaic_rows(
+      "mosaic bwd (fused)", [f"{hopper.DKV_TILE},{n}" for n in args.dkv_stages],
+      lambda _, stages: jax.jit(lambda q_flat, do_flat, lse, delta, k, v: hopper.moba_bwd_rows(
+          q_flat, do_flat, lse, delta, lay, k, v, seg, block_size=block, bs=base,
+          interpret=False, stages=stages)),
+      lambda _: triton_bwd(lay), dq_operands, rows=(True, False, False))
   # What the dk/dv kernel's input costs: q and dO gathered into sorted order by XLA.
   record(kernel="xla sort q, dO", block_k=0, ms=timeit(jax.jit(
       lambda q_flat, do_flat: (hopper.sorted_rows(q_flat, lay), hopper.sorted_rows(do_flat, lay))),
@@ -124,7 +137,7 @@ def main():
   with open(args.out, "w") as fh:
     json.dump(result, fh, indent=1)
   print(f"\n{'kernel':18s} {'block_k':>7s} {'stages':>6s} {'extra':>5s} {'ms':>7s}  max |diff| "
-        "vs Triton (forward: out, lse; dq; dk, dv)")
+        "vs Triton (forward: out, lse; dq; dk, dv; bwd: dq, dk, dv)")
   for r in result["rows"]:
     if "error" in r:
       print(f"{r['kernel']:18s} {r['block_k']:7d} {r.get('stages', 0):6d}       {r['error']}")

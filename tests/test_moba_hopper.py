@@ -18,14 +18,14 @@ from tests.test_moba_kernel import TOL, make_inputs, rel_err, run_both
 HOPPER = MobaBlockSizes(block_rows=64, block_k=64, block_k_dkv=64)
 
 
-def kernel_args(hq, hkv, block_size):
+def kernel_args(hq, hkv, block_size, d=64):
   """q, dO, lse, delta flattened to [B, T * Hq, ...], the layout padded for the Hopper
   kernels, k, v and segment ids (the backward kernels' arguments; the forward takes q and
   the last four), on fresh bf16 inputs with packed documents and ragged budgets. Any finite
   lse and delta define the same function in the Triton and Hopper kernels; these are of the
   size the real ones take."""
   rng = np.random.default_rng()
-  b, t, d, k_max = 2, 4 * block_size, 64, 3
+  b, t, k_max = 2, 4 * block_size, 3
   q, k, v, do = make_inputs(rng, b, t, hq, hkv, d, jnp.bfloat16)
   seg = packed_segments(rng, b, t, block_size, aligned=bool(rng.integers(2)))
   budget = jnp.asarray(rng.integers(1, k_max + 1, size=b), jnp.int32)
@@ -206,7 +206,9 @@ def test_gpu_compiled_mosaic_kernels_match_reference():
     ("dq", 16, 16, 128, 512, 2, True), ("dq", 16, 16, 128, 512, 3, True),
     ("dq", 16, 16, 128, 512, 4, False),
     ("dkv", 16, 16, 128, 512, 2, True), ("dkv", 14, 2, 64, 256, 2, True),
-    ("dkv", 16, 16, 128, 512, 3, False)])
+    ("dkv", 16, 16, 128, 512, 3, False),
+    ("bwd", 16, 16, 128, 512, 2, True), ("bwd", 14, 2, 64, 256, 2, True),
+    ("bwd", 16, 16, 128, 512, 3, False)])
 def test_kernels_fit_h200_shared_memory(kernel, hq, hkv, d, block_size, stages, fits):
   """Lowered ahead of time for an H200 on the CPU (Mosaic GPU sizes shared memory while
   lowering): each kernel's default configuration fits at the headline shapes; one more
@@ -227,7 +229,7 @@ def test_kernels_fit_h200_shared_memory(kernel, hq, hkv, d, block_size, stages, 
     if kernel == "fwd":
       return hopper.moba_forward_rows(flat(q), layout, k, v, seg, **common)
     lse = jnp.zeros((1, t, hq), jnp.float32)
-    fn = hopper.moba_dq_rows if kernel == "dq" else hopper.moba_dkv
+    fn = dict(dq=hopper.moba_dq_rows, dkv=hopper.moba_dkv, bwd=hopper.moba_bwd_rows)[kernel]
     return fn(flat(q), flat(do), flat(lse), flat(lse), layout, k, v, seg, **common)
 
   args = (shape(hq), shape(hkv), shape(hkv), shape(hq), jax.ShapeDtypeStruct((1, t), jnp.int32),

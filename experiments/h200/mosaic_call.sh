@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The persistent warp-specialized Mosaic GPU kernels (backend="mosaic": forward, dq, dk/dv)
+# The persistent warp-specialized Mosaic GPU kernels (backend="mosaic": forward, dq, dk/dv; the
+# backward with dq fused into dk/dv)
 # in one device call: their GPU test (FULL=1: every GPU test), each kernel alone per key tile /
 # pipeline depth beside the Triton one (experiments/persistent_forward.py), forward+backward
 # with either kernel set beside cuDNN at the 16/16 x 128 headline points (block 512, k = 3, 8, 16) and at
@@ -15,10 +16,10 @@ if [ "${FULL:-0}" = 1 ]; then TESTS=(tests --ignore=tests/test_notebook.py); els
   TESTS=(tests/test_moba_hopper.py); fi
 timeout 200 python3 -m pytest "${TESTS[@]}" -m gpu -p no:cacheprovider > "$OUT/pytest.txt" 2>&1
 echo "pytest -m gpu: exit $? ($(grep -E 'passed|failed|error' "$OUT/pytest.txt" | tail -1))"
-timeout 110 python3 experiments/persistent_forward.py --configs $CONFIGS --dq-configs $DQ_CONFIGS \
+timeout 150 python3 experiments/persistent_forward.py --configs $CONFIGS --dq-configs $DQ_CONFIGS \
     --dkv-stages $DKV_STAGES \
     --out "$OUT/alone.json" > "$OUT/alone.log" 2>&1
-echo "alone: exit $?"; grep -A16 "^kernel " "$OUT/alone.log"
+echo "alone: exit $?"; grep -A20 "^kernel " "$OUT/alone.log"
 timeout 240 python3 experiments/bench_kernel.py --backends triton mosaic \
     --seqs 32768 --blocks 512 --ks 3 8 16 --heads h128 --out "$OUT/h128.json" \
     > "$OUT/h128.log" 2>&1

@@ -584,24 +584,55 @@ def moba_dq_rows(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segmen
   return dq_BGLD
 
 
-def _dkv_kernel(ids_ref, first_ref, end_ref, seg_ref, pos_ref, lse2_ref, delta_ref, qs_ref,
-                dos_ref, k_ref, v_ref, kseg_ref, dk_ref, dv_ref, scoped, *, sm_scale,
-                tiles_per_row, num_groups, num_items, grid, stages, p_in_smem):
-  """dk/dv per key tile of DKV_TILE keys: each compute warpgroup holds dK, dV of its 64 keys
-  in registers over the 64-row chunks of the tile's block (q and dO rows already in sorted
-  order, so each chunk is one TMA box), computing S^T = K q^T and dP^T = V dO^T, then
+DS_SLOTS = 3  # dS tiles in flight in the fused backward (see _bwd_kernel)
+
+
+class _BwdScoped(NamedTuple):
+  q: Any         # (stages, 64, D) swizzled: a chunk's sorted q rows
+  do: Any        # (stages, 64, D) swizzled: its dO rows
+  rowf: Any      # (stages, 2, 64) float32: its rows' lse (log2) and delta
+  rowi: Any      # (stages, 2, 64) int32: its rows' segment and position
+  k: Any         # (kv_buffers, DKV_TILE, D) swizzled
+  v: Any
+  p: Any         # interpret mode only: (2, 64, 64) swizzled P^T / dS^T
+  ds: Any        # with dq: (DS_SLOTS, DKV_TILE, 64) swizzled dS^T of a chunk, both halves
+  dq: Any        # with dq: (2, 64, 64) float32 swizzled: a dQ column slab on its way out
+  kv: Any        # barriers: K/V landed (per buffer)
+  kv_free: Any   # K/V buffer read by both compute warpgroups
+  chunk: Any     # a chunk's six copies landed (per slot)
+  chunk_free: Any  # chunk slot read by both compute warpgroups
+  sched: Any     # the compute warpgroups' turns on the tensor cores
+  ds_ready: Any  # with dq: both halves of a dS^T slot written
+
+
+def _bwd_kernel(ids_ref, first_ref, end_ref, seg_ref, pos_ref, lse2_ref, delta_ref, qs_ref,
+                dos_ref, k_ref, v_ref, kseg_ref, dq_ref, dk_ref, dv_ref, scoped, *, sm_scale,
+                tiles_per_row, num_groups, num_items, grid, stages, kv_buffers, p_in_smem,
+                dq_planes, dq_reduce):
+  """The backward per key tile of DKV_TILE keys: each compute warpgroup holds dK, dV of its
+  64 keys in registers over the 64-row chunks of the tile's block (q and dO rows already in
+  sorted order, so each chunk is one TMA box), computing S^T = K q^T and dP^T = V dO^T, then
   dV += P^T dO and dK += dS^T q with P^T and dS^T from registers; the two warpgroups share
   each chunk and take turns on the tensor cores. A producer warpgroup streams the tiles'
-  K/V (two buffers, so the next tile's load overlaps this one's chunks) and the chunks
-  (`stages` slots: q, dO and the rows' lse, delta, segment and position). dK and dV leave
-  through the warpgroup's half of the K/V buffer. Persistent: CTA c runs items c, c + grid,
-  ... of ids (tiles ordered by decreasing work outside)."""
-  q_smem, do_smem, rowf_smem, rowi_smem, k_smem, v_smem, p_smem, bars = scoped
-  kv_bar, kv_free, chunk_bar, chunk_free, sched = bars
-  frees = _slots(kv_free, 2) + _slots(chunk_free, stages)
+  K/V (`kv_buffers` buffers) and the chunks (`stages` slots: q, dO and the rows' lse, delta,
+  segment and position). Persistent: CTA c runs items c, c + grid, ... of ids (tiles
+  ordered by decreasing work outside). dK and dV are stored from registers at the end of
+  an item.
+
+  With dq_ref (FlashAttention-3's backward): each warpgroup also writes its dS^T half into a
+  shared (DKV_TILE keys, 64 rows) slot, and the chunk's dQ = dS K (64 rows x D) is computed
+  in 64-column slabs, slab j by warpgroup (chunk + j) % 2, one chunk late (in the turn
+  after the one where the other warpgroup's half lands, so neither waits), and added in
+  float32 by a TMA reduction into dq_ref[plane, b, g, rows] (plane 0 and reduce-add on the
+  GPU; in interpret mode, whose TMA has no reduction, plane = the tile's place in its
+  block, a plain store, summed outside). Three dS slots: a warpgroup writes chunk c + 1's
+  half while the other may still read chunk c - 1's."""
+  s_ = scoped
+  frees = _slots(s_.kv_free, kv_buffers) + _slots(s_.chunk_free, stages)
   wg = lax.axis_index("wg")
   cta = lax.axis_index("cta")
   trips = _trips(num_items, grid)
+  with_dq = dq_ref is not None
 
   def item_at(s):
     flat = ids_ref[cta + s * grid]
@@ -615,20 +646,20 @@ def _dkv_kernel(ids_ref, first_ref, end_ref, seg_ref, pos_ref, lse2_ref, delta_r
 
     def item_body(s, cstep):
       b, g, n, first, end = item_at(s)
-      buf = lax.rem(s, 2)
+      buf = lax.rem(s, kv_buffers)
       keys = (b, pl.ds(n * DKV_TILE, DKV_TILE), g)
-      plgpu.barrier_wait(kv_free.at[buf])
-      plgpu.copy_gmem_to_smem(k_ref.at[keys], k_smem.at[buf], kv_bar.at[buf])
-      plgpu.copy_gmem_to_smem(v_ref.at[keys], v_smem.at[buf], kv_bar.at[buf])
+      plgpu.barrier_wait(s_.kv_free.at[buf])
+      plgpu.copy_gmem_to_smem(k_ref.at[keys], s_.k.at[buf], s_.kv.at[buf])
+      plgpu.copy_gmem_to_smem(v_ref.at[keys], s_.v.at[buf], s_.kv.at[buf])
 
       def chunk_body(c, cstep):
         slot = lax.rem(cstep, stages)
         rows = (b, g, pl.ds(c * _ROWS, _ROWS))
-        plgpu.barrier_wait(chunk_free.at[slot])
-        for src, dst in ((qs_ref, q_smem.at[slot]), (dos_ref, do_smem.at[slot]),
-                         (lse2_ref, rowf_smem.at[slot, 0]), (delta_ref, rowf_smem.at[slot, 1]),
-                         (seg_ref, rowi_smem.at[slot, 0]), (pos_ref, rowi_smem.at[slot, 1])):
-          plgpu.copy_gmem_to_smem(src.at[rows], dst, chunk_bar.at[slot])
+        plgpu.barrier_wait(s_.chunk_free.at[slot])
+        for src, dst in ((qs_ref, s_.q.at[slot]), (dos_ref, s_.do.at[slot]),
+                         (lse2_ref, s_.rowf.at[slot, 0]), (delta_ref, s_.rowf.at[slot, 1]),
+                         (seg_ref, s_.rowi.at[slot, 0]), (pos_ref, s_.rowi.at[slot, 1])):
+          plgpu.copy_gmem_to_smem(src.at[rows], dst, s_.chunk.at[slot])
         return cstep + 1
 
       return lax.fori_loop(first, end, chunk_body, cstep)
@@ -638,31 +669,53 @@ def _dkv_kernel(ids_ref, first_ref, end_ref, seg_ref, pos_ref, lse2_ref, delta_r
 
   @pl.when(wg < 2)
   def _consumer():
-    schedule = _consumer_setup(sched, frees)
+    schedule = _consumer_setup(s_.sched, frees)
     shape = (_ROWS, _ROWS)  # (this warpgroup's keys, a chunk's rows)
-    d = k_smem.shape[-1]
+    d = s_.k.shape[-1]
     mine = pl.ds(wg * _ROWS, _ROWS)
-    wg_p = p_smem.at[wg] if p_in_smem else None
+    wg_p = s_.p.at[wg] if p_in_smem else None
     col_layout = plgpu.Layout.WGMMA.reduce(0)
     cols = lambda ref: lax.broadcast_in_dim(plgpu.load(ref, layout=col_layout, optimized=False),
                                             shape, [1])
 
     def item_body(s, cstep):
       b, g, n, first, end = item_at(s)
-      buf = lax.rem(s, 2)
+      buf = lax.rem(s, kv_buffers)
       kstart = n * DKV_TILE + wg * _ROWS
       kseg_K = plgpu.load(kseg_ref.at[b, pl.ds(kstart, _ROWS)],
                           layout=plgpu.Layout.WGMMA.reduce(1), optimized=False)
       kseg_KR = lax.broadcast_in_dim(kseg_K, shape, [0])
       kpos_KR = kstart + plgpu.broadcasted_iota(jnp.int32, shape, 0, layout=plgpu.Layout.WGMMA)
-      k_w, v_w = k_smem.at[buf, mine], v_smem.at[buf, mine]
-      plgpu.barrier_wait(kv_bar.at[buf])
+      k_w, v_w = s_.k.at[buf, mine], s_.v.at[buf, mine]
+      plane = lax.rem(n, dq_planes)
+      plgpu.barrier_wait(s_.kv.at[buf])
+
+      def dq_slabs(cs, c):
+        """Chunk c's dQ slabs of this warpgroup (its dS^T in slot cs % DS_SLOTS)."""
+        ds_t = s_.ds.at[lax.rem(cs, DS_SLOTS)]
+        plgpu.barrier_wait(s_.ds_ready.at[lax.rem(cs, DS_SLOTS)])
+        for j in range(d // _ROWS):
+          cols_j = pl.ds(j * _ROWS, _ROWS)
+
+          @pl.when(lax.rem(c + j, 2) == wg)
+          def _slab():
+            def mma(acc_ref):
+              plgpu.wgmma(acc_ref, ds_t.transpose((1, 0)), s_.k.at[buf, :, cols_j])
+              return acc_ref[...]
+
+            part = pl.run_scoped(mma, plgpu.ACC(shape, jnp.float32))
+            out = s_.dq.at[wg]
+            plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the last slab left
+            out[...] = part * sm_scale
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(out, dq_ref.at[plane, b, g, pl.ds(c * _ROWS, _ROWS), cols_j],
+                                    reduction_op="add" if dq_reduce else None)
 
       def chunk_body(c, carry):
         dk, dv, cstep = carry
         slot = lax.rem(cstep, stages)
-        plgpu.barrier_wait(chunk_bar.at[slot])
-        q_t, do_t = q_smem.at[slot], do_smem.at[slot]
+        plgpu.barrier_wait(s_.chunk.at[slot])
+        q_t, do_t = s_.q.at[slot], s_.do.at[slot]
 
         def products(s_ref, dp_ref):
           plgpu.wgmma(s_ref, k_w, q_t.transpose((1, 0)))
@@ -672,30 +725,44 @@ def _dkv_kernel(ids_ref, first_ref, end_ref, seg_ref, pos_ref, lse2_ref, delta_r
 
         s_KR, dp_KR = pl.run_scoped(products, plgpu.ACC(shape, jnp.float32),
                                     plgpu.ACC(shape, jnp.float32))
-        seg_KR = cols(rowi_smem.at[slot, 0])
-        keep = ((seg_KR == kseg_KR) & (seg_KR != 0) & (kpos_KR <= cols(rowi_smem.at[slot, 1])))
-        p_KR = jnp.where(keep, jnp.exp2(s_KR * (sm_scale * _LOG2E) - cols(rowf_smem.at[slot, 0])),
+        seg_KR = cols(s_.rowi.at[slot, 0])
+        keep = ((seg_KR == kseg_KR) & (seg_KR != 0) & (kpos_KR <= cols(s_.rowi.at[slot, 1])))
+        p_KR = jnp.where(keep, jnp.exp2(s_KR * (sm_scale * _LOG2E) - cols(s_.rowf.at[slot, 0])),
                          0.0)
-        ds_KR = p_KR * (dp_KR - cols(rowf_smem.at[slot, 1]))
+        ds_KR = p_KR * (dp_KR - cols(s_.rowf.at[slot, 1]))
         p16, ds16 = p_KR.astype(q_t.dtype), ds_KR.astype(q_t.dtype)
+        if with_dq:
+          dslot = lax.rem(cstep, DS_SLOTS)
+          s_.ds.at[dslot, mine][...] = ds16
+          plgpu.commit_smem()
+          plgpu.barrier_arrive(s_.ds_ready.at[dslot])
         dk, dv, p16, ds16 = lax.optimization_barrier((dk, dv, p16, ds16))
-        plgpu.barrier_arrive(sched)  # elementwise work done
-        plgpu.barrier_wait(sched)  # tensor cores free
+        plgpu.barrier_arrive(s_.sched)  # elementwise work done
+        last = c == end - 1
+
+        # K/V are last read here, before this warpgroup's last turn of the item: the other
+        # warpgroup's next turn (its first products of the next item) waits for the next
+        # K/V, which with one buffer wait for this release.
+        @pl.when(last)
+        def _release():
+          if with_dq:
+            pl.when(c > first)(lambda: dq_slabs(cstep - 1, c - 1))
+            dq_slabs(cstep, c)
+          plgpu.barrier_arrive(s_.kv_free.at[buf])
+
+        plgpu.barrier_wait(s_.sched)  # tensor cores free
+        if with_dq:
+          pl.when((c > first) & ~last)(lambda: dq_slabs(cstep - 1, c - 1))
         dv = _accumulate(dv, p16, do_t, wg_p)
         dk = _accumulate(dk, ds16, q_t, wg_p)
-        plgpu.barrier_arrive(chunk_free.at[slot])
+        plgpu.barrier_arrive(s_.chunk_free.at[slot])
         return dk, dv, cstep + 1
 
       zeros = plgpu.layout_cast(jnp.zeros((_ROWS, d), jnp.float32), plgpu.Layout.WGMMA)
       dk, dv, cstep = lax.fori_loop(first, end, chunk_body, (zeros, zeros, cstep))
-      # This warpgroup's half of the buffer is no longer read: dK and dV leave through it.
-      k_w[...] = (dk * sm_scale).astype(k_w.dtype)
-      v_w[...] = dv.astype(v_w.dtype)
-      plgpu.commit_smem()
-      plgpu.copy_smem_to_gmem(k_w, dk_ref.at[b, pl.ds(kstart, _ROWS), g])
-      plgpu.copy_smem_to_gmem(v_w, dv_ref.at[b, pl.ds(kstart, _ROWS), g])
-      plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-      plgpu.barrier_arrive(kv_free.at[buf])
+      pl.when(end <= first)(lambda: plgpu.barrier_arrive(s_.kv_free.at[buf]))  # no chunks
+      dk_ref.at[b, pl.ds(kstart, _ROWS), g][...] = (dk * sm_scale).astype(dk_ref.dtype)
+      dv_ref.at[b, pl.ds(kstart, _ROWS), g][...] = dv.astype(dv_ref.dtype)
       return cstep
 
     lax.fori_loop(0, trips, item_body, jnp.int32(0))
@@ -712,12 +779,8 @@ def sorted_rows(x_BSX, layout):
       b, g, l, *x_BSX.shape[2:])
 
 
-def moba_dkv(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_ids_BT, *,
-             block_size, bs: MobaBlockSizes, interpret: bool | plgpu.InterpretGPUParams,
-             stages: int = 2, num_ctas: int | None = None):
-  """dk, dv [B, T, Hkv, D] in k's dtype, as kernels.moba_dkv, on a layout padded with
-  pad_rows=ITEM_ROWS (block_size a multiple of DKV_TILE). q and dO are first gathered into
-  sorted order by XLA (one pass each), so that every chunk the kernel reads is one box."""
+def _backward(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_ids_BT, *,
+              block_size, bs, interpret, stages, num_ctas, with_dq):
   b, s, d = q_BSD.shape
   _, g, l = layout.row_src_BGL.shape
   t = k_BTKD.shape[1]
@@ -735,30 +798,73 @@ def moba_dkv(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_id
   num_ctas = _grid(num_ctas, interpret)
   dt = q_BSD.dtype
   transforms = _smem_transforms(dt)
-  kernel = functools.partial(_dkv_kernel, sm_scale=1.0 / math.sqrt(d),
+  # dq's dS slots and float32 slabs take the shared memory of a second K/V buffer at
+  # head_dim 128 (test_kernels_fit_h200_shared_memory).
+  kv_buffers = 1 if with_dq and d > 64 else 2
+  # TMA reduces on the GPU; the interpreter's TMA has none: one plane per tile of a block.
+  dq_planes = block_size // DKV_TILE if (with_dq and interpret) else 1
+  kernel = functools.partial(_bwd_kernel, sm_scale=1.0 / math.sqrt(d),
                              tiles_per_row=t // DKV_TILE, num_groups=g, num_items=num_items,
-                             grid=num_ctas, stages=stages, p_in_smem=bool(interpret))
+                             grid=num_ctas, stages=stages, kv_buffers=kv_buffers,
+                             p_in_smem=bool(interpret), dq_planes=dq_planes,
+                             dq_reduce=not interpret)
 
   def entry(*refs):
-    scratch = [plgpu.SMEM((stages, _ROWS, d), dt, transforms=transforms),
-               plgpu.SMEM((stages, _ROWS, d), dt, transforms=transforms),
-               plgpu.SMEM((stages, 2, _ROWS), jnp.float32),
-               plgpu.SMEM((stages, 2, _ROWS), jnp.int32),
-               plgpu.SMEM((2, DKV_TILE, d), dt, transforms=transforms),
-               plgpu.SMEM((2, DKV_TILE, d), dt, transforms=transforms),
-               plgpu.SMEM((2, _ROWS, _ROWS), dt, transforms=transforms) if interpret else None]
-    bars = (plgpu.Barrier(num_arrivals=2, num_barriers=2),
-            plgpu.Barrier(num_arrivals=2, num_barriers=2),
-            plgpu.Barrier(num_arrivals=6, num_barriers=stages),
-            plgpu.Barrier(num_arrivals=2, num_barriers=stages),
-            plgpu.Barrier(num_arrivals=2))
-    pl.run_scoped(lambda *scoped: kernel(*refs, scoped), *scratch, bars, collective_axes="wg")
+    *ins, dq_ref, dk_ref, dv_ref = refs if with_dq else (*refs[:-2], None, *refs[-2:])
+    scratch = _BwdScoped(
+        q=plgpu.SMEM((stages, _ROWS, d), dt, transforms=transforms),
+        do=plgpu.SMEM((stages, _ROWS, d), dt, transforms=transforms),
+        rowf=plgpu.SMEM((stages, 2, _ROWS), jnp.float32),
+        rowi=plgpu.SMEM((stages, 2, _ROWS), jnp.int32),
+        k=plgpu.SMEM((kv_buffers, DKV_TILE, d), dt, transforms=transforms),
+        v=plgpu.SMEM((kv_buffers, DKV_TILE, d), dt, transforms=transforms),
+        p=plgpu.SMEM((2, _ROWS, _ROWS), dt, transforms=transforms) if interpret else None,
+        ds=(plgpu.SMEM((DS_SLOTS, DKV_TILE, _ROWS), dt, transforms=transforms) if with_dq
+            else None),
+        dq=(plgpu.SMEM((2, _ROWS, _ROWS), jnp.float32, transforms=_smem_transforms(jnp.float32))
+            if with_dq else None),
+        kv=plgpu.Barrier(num_arrivals=2, num_barriers=kv_buffers),  # K and V
+        kv_free=plgpu.Barrier(num_arrivals=2, num_barriers=kv_buffers),
+        chunk=plgpu.Barrier(num_arrivals=6, num_barriers=stages),
+        chunk_free=plgpu.Barrier(num_arrivals=2, num_barriers=stages),
+        sched=plgpu.Barrier(num_arrivals=2),
+        ds_ready=plgpu.Barrier(num_arrivals=2, num_barriers=DS_SLOTS) if with_dq else None)
+    pl.run_scoped(lambda scoped: kernel(*ins, dq_ref, dk_ref, dv_ref, scoped), scratch,
+                  collective_axes="wg")
 
   call = _persistent_call(entry, [jax.ShapeDtypeStruct(k_BTKD.shape, k_BTKD.dtype),
                                   jax.ShapeDtypeStruct(v_BTKD.shape, v_BTKD.dtype)],
-                          name="moba_dkv_hopper", num_ctas=num_ctas, warpgroups=3,
-                          interpret=interpret)
-  return call(ids, first, end, layout.row_seg_BGL, layout.row_pos_BGL,
-              sorted_rows(lse_BS * _LOG2E, layout), sorted_rows(delta_BS, layout),
-              sorted_rows(q_BSD, layout), sorted_rows(do_BSD.astype(dt), layout),
-              k_BTKD, v_BTKD, segment_ids_BT.astype(jnp.int32))
+                          name="moba_bwd_hopper" if with_dq else "moba_dkv_hopper",
+                          num_ctas=num_ctas, warpgroups=3, interpret=interpret)
+  args = (ids, first, end, layout.row_seg_BGL, layout.row_pos_BGL,
+          sorted_rows(lse_BS * _LOG2E, layout), sorted_rows(delta_BS, layout),
+          sorted_rows(q_BSD, layout), sorted_rows(do_BSD.astype(dt), layout),
+          k_BTKD, v_BTKD, segment_ids_BT.astype(jnp.int32))
+  if not with_dq:
+    return call(*args)
+  # Rows no tile reaches (padding, own-block rows before every tile) stay zero.
+  dq_acc = jax.new_ref(jnp.zeros((dq_planes, b, g, l, d), jnp.float32))
+  dk_BTKD, dv_BTKD = call(*args, dq_acc)
+  return dq_acc[...].sum(0), dk_BTKD, dv_BTKD
+
+
+def moba_dkv(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_ids_BT, *,
+             block_size, bs: MobaBlockSizes, interpret: bool | plgpu.InterpretGPUParams,
+             stages: int = 2, num_ctas: int | None = None):
+  """dk, dv [B, T, Hkv, D] in k's dtype, as kernels.moba_dkv, on a layout padded with
+  pad_rows=ITEM_ROWS (block_size a multiple of DKV_TILE). q and dO are first gathered into
+  sorted order by XLA (one pass each), so that every chunk the kernel reads is one box."""
+  return _backward(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_ids_BT,
+                   block_size=block_size, bs=bs, interpret=interpret, stages=stages,
+                   num_ctas=num_ctas, with_dq=False)
+
+
+def moba_bwd_rows(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_ids_BT, *,
+                  block_size, bs: MobaBlockSizes, interpret: bool | plgpu.InterpretGPUParams,
+                  stages: int = 2, num_ctas: int | None = None):
+  """The whole backward in one kernel: partial dq [B, G, L, D] float32 per sorted row and
+  dk, dv [B, T, Hkv, D] in k's dtype (as kernels.moba_bwd_rows), on a layout padded with
+  pad_rows=ITEM_ROWS; dq is accumulated per key tile into the sorted rows (_bwd_kernel)."""
+  return _backward(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_ids_BT,
+                   block_size=block_size, bs=bs, interpret=interpret, stages=stages,
+                   num_ctas=num_ctas, with_dq=True)
