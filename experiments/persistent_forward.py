@@ -1,8 +1,7 @@
 """The persistent warp-specialized Mosaic GPU kernels (hopper.moba_forward_rows,
-moba_dq_rows, moba_dkv, and moba_bwd_rows: dq fused into dk/dv) timed alone beside the
-Triton forward, dq and dk/dv kernels at one attention shape, for several key tiles and
-pipeline depths; every configuration's outputs checked against the Triton kernel's with the
-same key tile first. GPU only.
+moba_dq_rows, moba_dkv) timed alone beside the Triton forward, dq and dk/dv kernels at one
+attention shape, for several key tiles and pipeline depths; every configuration's outputs
+checked against the Triton kernel's with the same key tile first. GPU only.
 
     python experiments/persistent_forward.py --heads h128 --block 512 --k 3 \\
         --configs 128,2 64,2 --dq-configs 64,2,1 64,2,0 --dkv-stages 2 3 \\
@@ -120,16 +119,6 @@ def main():
           q_flat, do_flat, lse, delta, lay, k, v, seg, block_size=block, bs=base,
           interpret=False, stages=stages)),
       lambda _: triton_dkv(lay), dq_operands, rows=(False, False))
-  triton_bwd = lambda lay: jax.jit(lambda q_flat, do_flat, lse, delta, k, v: kernels.moba_bwd_rows(
-      q_flat, do_flat, lse, delta, lay, k, v, seg, block_size=block, bs=base, interpret=False))
-  record(kernel="triton dq+dkv", block_k=base.block_k_dkv,
-         ms=timeit(triton_bwd(layout(None)), *dq_operands, reps=args.reps))
-  mosaic_rows(
-      "mosaic bwd (fused)", [f"{hopper.DKV_TILE},{n}" for n in args.dkv_stages],
-      lambda _, stages: jax.jit(lambda q_flat, do_flat, lse, delta, k, v: hopper.moba_bwd_rows(
-          q_flat, do_flat, lse, delta, lay, k, v, seg, block_size=block, bs=base,
-          interpret=False, stages=stages)),
-      lambda _: triton_bwd(lay), dq_operands, rows=(True, False, False))
   # What the dk/dv kernel's input costs: q and dO gathered into sorted order by XLA.
   record(kernel="xla sort q, dO", block_k=0, ms=timeit(jax.jit(
       lambda q_flat, do_flat: (hopper.sorted_rows(q_flat, lay), hopper.sorted_rows(do_flat, lay))),
@@ -137,7 +126,7 @@ def main():
   with open(args.out, "w") as fh:
     json.dump(result, fh, indent=1)
   print(f"\n{'kernel':18s} {'block_k':>7s} {'stages':>6s} {'extra':>5s} {'ms':>7s}  max |diff| "
-        "vs Triton (forward: out, lse; dq; dk, dv; bwd: dq, dk, dv)")
+        "vs Triton (forward: out, lse; dq; dk, dv)")
   for r in result["rows"]:
     if "error" in r:
       print(f"{r['kernel']:18s} {r['block_k']:7d} {r.get('stages', 0):6d}       {r['error']}")

@@ -1,6 +1,5 @@
 #!/usr/bin/env bash
-# The persistent warp-specialized Mosaic GPU kernels (backend="mosaic": forward, dq, dk/dv; the
-# backward with dq fused into dk/dv)
+# The persistent warp-specialized Mosaic GPU kernels (backend="mosaic": forward, dq, dk/dv)
 # in one device call: their GPU test (FULL=1: every GPU test), each kernel alone per key tile /
 # pipeline depth beside the Triton one (experiments/persistent_forward.py), forward+backward
 # with either kernel set beside cuDNN at the 16/16 x 128 headline points (block 512, k = 3, 8, 16) and at

@@ -584,55 +584,38 @@ def moba_dq_rows(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segmen
   return dq_BGLD
 
 
-DS_SLOTS = 3  # dS tiles in flight in the fused backward (see _bwd_kernel)
-
-
 class _BwdScoped(NamedTuple):
   q: Any         # (stages, 64, D) swizzled: a chunk's sorted q rows
   do: Any        # (stages, 64, D) swizzled: its dO rows
   rowf: Any      # (stages, 2, 64) float32: its rows' lse (log2) and delta
   rowi: Any      # (stages, 2, 64) int32: its rows' segment and position
-  k: Any         # (kv_buffers, DKV_TILE, D) swizzled
+  k: Any         # (2, DKV_TILE, D) swizzled
   v: Any
   p: Any         # interpret mode only: (2, 64, 64) swizzled P^T / dS^T
-  ds: Any        # with dq: (DS_SLOTS, DKV_TILE, 64) swizzled dS^T of a chunk, both halves
-  dq: Any        # with dq: (2, 64, 64) float32 swizzled: a dQ column slab on its way out
   kv: Any        # barriers: K/V landed (per buffer)
   kv_free: Any   # K/V buffer read by both compute warpgroups
   chunk: Any     # a chunk's six copies landed (per slot)
   chunk_free: Any  # chunk slot read by both compute warpgroups
   sched: Any     # the compute warpgroups' turns on the tensor cores
-  ds_ready: Any  # with dq: both halves of a dS^T slot written
 
 
-def _bwd_kernel(ids_ref, first_ref, end_ref, seg_ref, pos_ref, lse2_ref, delta_ref, qs_ref,
-                dos_ref, k_ref, v_ref, kseg_ref, dq_ref, dk_ref, dv_ref, scoped, *, sm_scale,
-                tiles_per_row, num_groups, num_items, grid, stages, kv_buffers, p_in_smem,
-                dq_planes, dq_reduce):
+def _dkv_kernel(ids_ref, first_ref, end_ref, seg_ref, pos_ref, lse2_ref, delta_ref, qs_ref,
+                dos_ref, k_ref, v_ref, kseg_ref, dk_ref, dv_ref, scoped, *, sm_scale,
+                tiles_per_row, num_groups, num_items, grid, stages, p_in_smem):
   """The backward per key tile of DKV_TILE keys: each compute warpgroup holds dK, dV of its
   64 keys in registers over the 64-row chunks of the tile's block (q and dO rows already in
   sorted order, so each chunk is one TMA box), computing S^T = K q^T and dP^T = V dO^T, then
   dV += P^T dO and dK += dS^T q with P^T and dS^T from registers; the two warpgroups share
   each chunk and take turns on the tensor cores. A producer warpgroup streams the tiles'
-  K/V (`kv_buffers` buffers) and the chunks (`stages` slots: q, dO and the rows' lse, delta,
-  segment and position). Persistent: CTA c runs items c, c + grid, ... of ids (tiles
-  ordered by decreasing work outside). dK and dV are stored from registers at the end of
-  an item.
-
-  With dq_ref (FlashAttention-3's backward): each warpgroup also writes its dS^T half into a
-  shared (DKV_TILE keys, 64 rows) slot, and the chunk's dQ = dS K (64 rows x D) is computed
-  in 64-column slabs, slab j by warpgroup (chunk + j) % 2, one chunk late (in the turn
-  after the one where the other warpgroup's half lands, so neither waits), and added in
-  float32 by a TMA reduction into dq_ref[plane, b, g, rows] (plane 0 and reduce-add on the
-  GPU; in interpret mode, whose TMA has no reduction, plane = the tile's place in its
-  block, a plain store, summed outside). Three dS slots: a warpgroup writes chunk c + 1's
-  half while the other may still read chunk c - 1's."""
+  K/V (two buffers: the next tile's load overlaps this one's chunks) and the chunks
+  (`stages` slots: q, dO and the rows' lse, delta, segment and position). Persistent: CTA c
+  runs items c, c + grid, ... of ids (tiles ordered by decreasing work outside). dK and dV
+  are stored from registers at the end of an item."""
   s_ = scoped
-  frees = _slots(s_.kv_free, kv_buffers) + _slots(s_.chunk_free, stages)
+  frees = _slots(s_.kv_free, 2) + _slots(s_.chunk_free, stages)
   wg = lax.axis_index("wg")
   cta = lax.axis_index("cta")
   trips = _trips(num_items, grid)
-  with_dq = dq_ref is not None
 
   def item_at(s):
     flat = ids_ref[cta + s * grid]
@@ -646,7 +629,7 @@ def _bwd_kernel(ids_ref, first_ref, end_ref, seg_ref, pos_ref, lse2_ref, delta_r
 
     def item_body(s, cstep):
       b, g, n, first, end = item_at(s)
-      buf = lax.rem(s, kv_buffers)
+      buf = lax.rem(s, 2)
       keys = (b, pl.ds(n * DKV_TILE, DKV_TILE), g)
       plgpu.barrier_wait(s_.kv_free.at[buf])
       plgpu.copy_gmem_to_smem(k_ref.at[keys], s_.k.at[buf], s_.kv.at[buf])
@@ -680,36 +663,14 @@ def _bwd_kernel(ids_ref, first_ref, end_ref, seg_ref, pos_ref, lse2_ref, delta_r
 
     def item_body(s, cstep):
       b, g, n, first, end = item_at(s)
-      buf = lax.rem(s, kv_buffers)
+      buf = lax.rem(s, 2)
       kstart = n * DKV_TILE + wg * _ROWS
       kseg_K = plgpu.load(kseg_ref.at[b, pl.ds(kstart, _ROWS)],
                           layout=plgpu.Layout.WGMMA.reduce(1), optimized=False)
       kseg_KR = lax.broadcast_in_dim(kseg_K, shape, [0])
       kpos_KR = kstart + plgpu.broadcasted_iota(jnp.int32, shape, 0, layout=plgpu.Layout.WGMMA)
       k_w, v_w = s_.k.at[buf, mine], s_.v.at[buf, mine]
-      plane = lax.rem(n, dq_planes)
       plgpu.barrier_wait(s_.kv.at[buf])
-
-      def dq_slabs(cs, c):
-        """Chunk c's dQ slabs of this warpgroup (its dS^T in slot cs % DS_SLOTS)."""
-        ds_t = s_.ds.at[lax.rem(cs, DS_SLOTS)]
-        plgpu.barrier_wait(s_.ds_ready.at[lax.rem(cs, DS_SLOTS)])
-        for j in range(d // _ROWS):
-          cols_j = pl.ds(j * _ROWS, _ROWS)
-
-          @pl.when(lax.rem(c + j, 2) == wg)
-          def _slab():
-            def mma(acc_ref):
-              plgpu.wgmma(acc_ref, ds_t.transpose((1, 0)), s_.k.at[buf, :, cols_j])
-              return acc_ref[...]
-
-            part = pl.run_scoped(mma, plgpu.ACC(shape, jnp.float32))
-            out = s_.dq.at[wg]
-            plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the last slab left
-            out[...] = part * sm_scale
-            plgpu.commit_smem()
-            plgpu.copy_smem_to_gmem(out, dq_ref.at[plane, b, g, pl.ds(c * _ROWS, _ROWS), cols_j],
-                                    reduction_op="add" if dq_reduce else None)
 
       def chunk_body(c, carry):
         dk, dv, cstep = carry
@@ -731,28 +692,12 @@ def _bwd_kernel(ids_ref, first_ref, end_ref, seg_ref, pos_ref, lse2_ref, delta_r
                          0.0)
         ds_KR = p_KR * (dp_KR - cols(s_.rowf.at[slot, 1]))
         p16, ds16 = p_KR.astype(q_t.dtype), ds_KR.astype(q_t.dtype)
-        if with_dq:
-          dslot = lax.rem(cstep, DS_SLOTS)
-          s_.ds.at[dslot, mine][...] = ds16
-          plgpu.commit_smem()
-          plgpu.barrier_arrive(s_.ds_ready.at[dslot])
         dk, dv, p16, ds16 = lax.optimization_barrier((dk, dv, p16, ds16))
         plgpu.barrier_arrive(s_.sched)  # elementwise work done
-        last = c == end - 1
-
-        # K/V are last read here, before this warpgroup's last turn of the item: the other
-        # warpgroup's next turn (its first products of the next item) waits for the next
-        # K/V, which with one buffer wait for this release.
-        @pl.when(last)
-        def _release():
-          if with_dq:
-            pl.when(c > first)(lambda: dq_slabs(cstep - 1, c - 1))
-            dq_slabs(cstep, c)
-          plgpu.barrier_arrive(s_.kv_free.at[buf])
-
+        # K/V are last read by the products above: the next tile's may load during this
+        # chunk's accumulation.
+        pl.when(c == end - 1)(lambda: plgpu.barrier_arrive(s_.kv_free.at[buf]))
         plgpu.barrier_wait(s_.sched)  # tensor cores free
-        if with_dq:
-          pl.when((c > first) & ~last)(lambda: dq_slabs(cstep - 1, c - 1))
         dv = _accumulate(dv, p16, do_t, wg_p)
         dk = _accumulate(dk, ds16, q_t, wg_p)
         plgpu.barrier_arrive(s_.chunk_free.at[slot])
@@ -779,8 +724,12 @@ def sorted_rows(x_BSX, layout):
       b, g, l, *x_BSX.shape[2:])
 
 
-def _backward(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_ids_BT, *,
-              block_size, bs, interpret, stages, num_ctas, with_dq):
+def moba_dkv(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_ids_BT, *,
+             block_size, bs: MobaBlockSizes, interpret: bool | plgpu.InterpretGPUParams,
+             stages: int = 2, num_ctas: int | None = None):
+  """dk, dv [B, T, Hkv, D] in k's dtype, as kernels.moba_dkv, on a layout padded with
+  pad_rows=ITEM_ROWS (block_size a multiple of DKV_TILE). q and dO are first gathered into
+  sorted order by XLA (one pass each), so that every chunk the kernel reads is one box."""
   b, s, d = q_BSD.shape
   _, g, l = layout.row_src_BGL.shape
   t = k_BTKD.shape[1]
@@ -798,73 +747,40 @@ def _backward(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_i
   num_ctas = _grid(num_ctas, interpret)
   dt = q_BSD.dtype
   transforms = _smem_transforms(dt)
-  # dq's dS slots and float32 slabs take the shared memory of a second K/V buffer at
-  # head_dim 128 (test_kernels_fit_h200_shared_memory).
-  kv_buffers = 1 if with_dq and d > 64 else 2
-  # TMA reduces on the GPU; the interpreter's TMA has none: one plane per tile of a block.
-  dq_planes = block_size // DKV_TILE if (with_dq and interpret) else 1
-  kernel = functools.partial(_bwd_kernel, sm_scale=1.0 / math.sqrt(d),
+  kernel = functools.partial(_dkv_kernel, sm_scale=1.0 / math.sqrt(d),
                              tiles_per_row=t // DKV_TILE, num_groups=g, num_items=num_items,
-                             grid=num_ctas, stages=stages, kv_buffers=kv_buffers,
-                             p_in_smem=bool(interpret), dq_planes=dq_planes,
-                             dq_reduce=not interpret)
+                             grid=num_ctas, stages=stages, p_in_smem=bool(interpret))
 
   def entry(*refs):
-    *ins, dq_ref, dk_ref, dv_ref = refs if with_dq else (*refs[:-2], None, *refs[-2:])
     scratch = _BwdScoped(
         q=plgpu.SMEM((stages, _ROWS, d), dt, transforms=transforms),
         do=plgpu.SMEM((stages, _ROWS, d), dt, transforms=transforms),
         rowf=plgpu.SMEM((stages, 2, _ROWS), jnp.float32),
         rowi=plgpu.SMEM((stages, 2, _ROWS), jnp.int32),
-        k=plgpu.SMEM((kv_buffers, DKV_TILE, d), dt, transforms=transforms),
-        v=plgpu.SMEM((kv_buffers, DKV_TILE, d), dt, transforms=transforms),
+        k=plgpu.SMEM((2, DKV_TILE, d), dt, transforms=transforms),
+        v=plgpu.SMEM((2, DKV_TILE, d), dt, transforms=transforms),
         p=plgpu.SMEM((2, _ROWS, _ROWS), dt, transforms=transforms) if interpret else None,
-        ds=(plgpu.SMEM((DS_SLOTS, DKV_TILE, _ROWS), dt, transforms=transforms) if with_dq
-            else None),
-        dq=(plgpu.SMEM((2, _ROWS, _ROWS), jnp.float32, transforms=_smem_transforms(jnp.float32))
-            if with_dq else None),
-        kv=plgpu.Barrier(num_arrivals=2, num_barriers=kv_buffers),  # K and V
-        kv_free=plgpu.Barrier(num_arrivals=2, num_barriers=kv_buffers),
+        kv=plgpu.Barrier(num_arrivals=2, num_barriers=2),  # K and V
+        kv_free=plgpu.Barrier(num_arrivals=2, num_barriers=2),
         chunk=plgpu.Barrier(num_arrivals=6, num_barriers=stages),
         chunk_free=plgpu.Barrier(num_arrivals=2, num_barriers=stages),
-        sched=plgpu.Barrier(num_arrivals=2),
-        ds_ready=plgpu.Barrier(num_arrivals=2, num_barriers=DS_SLOTS) if with_dq else None)
-    pl.run_scoped(lambda scoped: kernel(*ins, dq_ref, dk_ref, dv_ref, scoped), scratch,
-                  collective_axes="wg")
+        sched=plgpu.Barrier(num_arrivals=2))
+    pl.run_scoped(lambda scoped: kernel(*refs, scoped), scratch, collective_axes="wg")
 
   call = _persistent_call(entry, [jax.ShapeDtypeStruct(k_BTKD.shape, k_BTKD.dtype),
                                   jax.ShapeDtypeStruct(v_BTKD.shape, v_BTKD.dtype)],
-                          name="moba_bwd_hopper" if with_dq else "moba_dkv_hopper",
-                          num_ctas=num_ctas, warpgroups=3, interpret=interpret)
-  args = (ids, first, end, layout.row_seg_BGL, layout.row_pos_BGL,
-          sorted_rows(lse_BS * _LOG2E, layout), sorted_rows(delta_BS, layout),
-          sorted_rows(q_BSD, layout), sorted_rows(do_BSD.astype(dt), layout),
-          k_BTKD, v_BTKD, segment_ids_BT.astype(jnp.int32))
-  if not with_dq:
-    return call(*args)
-  # Rows no tile reaches (padding, own-block rows before every tile) stay zero.
-  dq_acc = jax.new_ref(jnp.zeros((dq_planes, b, g, l, d), jnp.float32))
-  dk_BTKD, dv_BTKD = call(*args, dq_acc)
-  return dq_acc[...].sum(0), dk_BTKD, dv_BTKD
-
-
-def moba_dkv(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_ids_BT, *,
-             block_size, bs: MobaBlockSizes, interpret: bool | plgpu.InterpretGPUParams,
-             stages: int = 2, num_ctas: int | None = None):
-  """dk, dv [B, T, Hkv, D] in k's dtype, as kernels.moba_dkv, on a layout padded with
-  pad_rows=ITEM_ROWS (block_size a multiple of DKV_TILE). q and dO are first gathered into
-  sorted order by XLA (one pass each), so that every chunk the kernel reads is one box."""
-  return _backward(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_ids_BT,
-                   block_size=block_size, bs=bs, interpret=interpret, stages=stages,
-                   num_ctas=num_ctas, with_dq=False)
+                          name="moba_dkv_hopper", num_ctas=num_ctas, warpgroups=3,
+                          interpret=interpret)
+  return call(ids, first, end, layout.row_seg_BGL, layout.row_pos_BGL,
+              sorted_rows(lse_BS * _LOG2E, layout), sorted_rows(delta_BS, layout),
+              sorted_rows(q_BSD, layout), sorted_rows(do_BSD.astype(dt), layout),
+              k_BTKD, v_BTKD, segment_ids_BT.astype(jnp.int32))
 
 
 def moba_bwd_rows(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_ids_BT, *,
-                  block_size, bs: MobaBlockSizes, interpret: bool | plgpu.InterpretGPUParams,
-                  stages: int = 2, num_ctas: int | None = None):
-  """The whole backward in one kernel: partial dq [B, G, L, D] float32 per sorted row and
-  dk, dv [B, T, Hkv, D] in k's dtype (as kernels.moba_bwd_rows), on a layout padded with
-  pad_rows=ITEM_ROWS; dq is accumulated per key tile into the sorted rows (_bwd_kernel)."""
-  return _backward(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_ids_BT,
-                   block_size=block_size, bs=bs, interpret=interpret, stages=stages,
-                   num_ctas=num_ctas, with_dq=True)
+                  block_size, bs: MobaBlockSizes, interpret: bool | plgpu.InterpretGPUParams):
+  """The backward, as kernels.moba_bwd_rows: partial dq per sorted row (moba_dq_rows) and
+  dk, dv (moba_dkv); both read q and dO in sorted order, gathered once."""
+  args = (q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_ids_BT)
+  kw = dict(block_size=block_size, bs=bs, interpret=interpret)
+  return moba_dq_rows(*args, **kw), *moba_dkv(*args, **kw)
