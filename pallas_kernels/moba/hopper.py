@@ -127,18 +127,21 @@ def _trips(num, grid):
   return jnp.maximum(num - lax.axis_index("cta") + grid - 1, 0) // grid
 
 
-def _streams(item_at, trips, src_ref, gathered, k_ref, v_ref, scoped, *, block_size, block_kv,
-             stages, presorted=False):
+def _streams(item_at, trips, src_ref, gathered, row_refs, k_ref, v_ref, kseg_ref, scoped, *,
+             block_size, block_kv, stages, presorted=False):
   """The two streaming warpgroups, shared by the forward and dq kernels.
 
   Warpgroup 2 streams each item's K/V tiles into `stages` slots by TMA, straight on from one
-  item into the next. Warpgroup 3 gathers each item's rows of every ref in `gathered` into
-  its staging buffer: TMA copies boxes and the wgmma operand layout (8-row swizzled tiles)
-  takes no single-row copies, so the item's row ids come first (one copy into shared
-  memory, the next item's while this one computes), then one copy per row into a plain
-  buffer, which the compute warpgroups move into their swizzled tiles. 128 single-row copies
-  per item and ref, issued by one thread, would hold up the K/V stream if one warpgroup
-  issued both. presorted: the refs in `gathered` already hold the rows in sorted order
+  item into the next, with the tile's key segment ids (the mask's, read from shared memory
+  instead of global memory in the compute warpgroups' critical path). Warpgroup 3 copies
+  each half's rows' segment and position (`row_refs`, [B, G, L] in sorted order) into
+  scoped.rowi, and gathers each item's rows of every ref in
+  `gathered` into its staging buffer: TMA copies boxes and the wgmma operand layout (8-row
+  swizzled tiles) takes no single-row copies, so the item's row ids come first (one copy
+  into shared memory, the next item's while this one computes), then one copy per row into
+  a plain buffer, which the compute warpgroups move into their swizzled tiles. 128
+  single-row copies per item and ref, issued by one thread, would hold up the K/V stream if
+  one warpgroup issued both. presorted: the refs in `gathered` already hold the rows in sorted order
   ([B, G, L, D]), so each half is one box copy and no row ids are read."""
   idx_smem, stage_smems, k_smem, v_smem = scoped.idx, scoped.stages, scoped.k, scoped.v
   bars = scoped.bars
@@ -156,6 +159,7 @@ def _streams(item_at, trips, src_ref, gathered, k_ref, v_ref, scoped, *, block_s
         keys = (b, pl.ds(j * block_size + step * block_kv, block_kv), g)
         plgpu.barrier_wait(bars.k_free.at[slot])
         plgpu.copy_gmem_to_smem(k_ref.at[keys], k_smem.at[slot], bars.k.at[slot])
+        plgpu.copy_gmem_to_smem(kseg_ref.at[b, keys[1]], scoped.kseg.at[slot], bars.k.at[slot])
         plgpu.barrier_wait(bars.v_free.at[slot])
         plgpu.copy_gmem_to_smem(v_ref.at[keys], v_smem.at[slot], bars.v.at[slot])
         return gstep + 1
@@ -174,11 +178,18 @@ def _streams(item_at, trips, src_ref, gathered, k_ref, v_ref, scoped, *, block_s
       plgpu.copy_gmem_to_smem(src_ref.at[b, g, pl.ds(i * ITEM_ROWS, ITEM_ROWS)],
                               idx_smem.at[lax.rem(s, 2)], bars.idx.at[lax.rem(s, 2)])
 
+    def copy_row_values(b, g, i):
+      for w in range(2):
+        rows = pl.ds(i * ITEM_ROWS + w * _ROWS, _ROWS)
+        for n, ref in enumerate(row_refs):
+          plgpu.copy_gmem_to_smem(ref.at[b, g, rows], scoped.rowi.at[w, n], bars.rows.at[w])
+
     if presorted:
       @pl.loop(0, trips)
       def _item(s):
         b, g, i, _, _, _ = item_at(s)
         plgpu.barrier_wait(bars.rows_free)
+        copy_row_values(b, g, i)
         for w in range(2):
           rows = pl.ds(i * ITEM_ROWS + w * _ROWS, _ROWS)
           for ref, stage in zip(gathered, stage_smems):
@@ -190,10 +201,11 @@ def _streams(item_at, trips, src_ref, gathered, k_ref, v_ref, scoped, *, block_s
 
     @pl.loop(0, trips)
     def _item(s):
-      b = item_at(s)[0]
+      b, g, i, _, _, _ = item_at(s)
       islot = lax.rem(s, 2)
       plgpu.barrier_wait(bars.idx.at[islot])
       plgpu.barrier_wait(bars.rows_free)  # both halves of the last item moved to their tiles
+      copy_row_values(b, g, i)
       for w in range(2):
         for r in range(_ROWS):
           row = pl.ds(idx_smem[islot, w * _ROWS + r], 1)
@@ -211,7 +223,7 @@ class _Bars(NamedTuple):
   idx: Any       # row ids of an item landed (two slots)
   rows: Any      # a half's gathered rows landed (per compute warpgroup)
   rows_free: Any  # both halves moved out of the staging buffers
-  k: Any         # K tile landed (per slot)
+  k: Any         # K tile and its key segment ids landed (per slot)
   v: Any         # V tile landed (per slot)
   k_free: Any    # K slot read by both compute warpgroups
   v_free: Any    # V slot read by both compute warpgroups
@@ -219,12 +231,14 @@ class _Bars(NamedTuple):
 
 
 class _Scoped(NamedTuple):
-  idx: Any      # (2, ITEM_ROWS) int32 row ids
+  idx: Any      # (2, ITEM_ROWS) int32 row ids (rows gathered in the kernel)
   stages: Any   # per gathered ref: (2, 64, D) plain staging
   tiles: Any    # per gathered ref: (2, 64, D) swizzled wgmma operand, one per warpgroup
   k: Any        # (stages, block_kv, D) swizzled
   v: Any
-  row_out: Any  # (2, 64) float32: a per-row output (lse) on its way out
+  kseg: Any     # (stages, block_kv) int32: the K tile's key segment ids
+  rowi: Any     # (2, 2, 64) int32: each half's rows' segment and position
+  row_out: Any  # forward: (2, 64) float32, the lse on its way out
   p: Any        # interpret mode only: (2, 64, block_kv) swizzled P / dS
   bars: _Bars
 
@@ -258,31 +272,37 @@ def _slots(bar, n):
   return [bar.at[i] for i in range(n)]
 
 
-def _take_rows(scoped):
+def _take_rows(scoped, shape):
   """Moves this warpgroup's half of the item's gathered rows into its swizzled tiles (once
-  the last item's output, which leaves through the first tile, has been read out)."""
+  the last item's output, which leaves through the first tile, has been read out) and
+  reads its rows' segment and position, returned broadcast to `shape` ([64, block_kv])."""
   wg = lax.axis_index("wg")
   plgpu.barrier_wait(scoped.bars.rows.at[wg])
   plgpu.wait_smem_to_gmem(0, wait_read_only=True)
   for stage, tile in zip(scoped.stages, scoped.tiles):
     tile.at[wg][...] = stage.at[wg][...]
+  row = lambda ref: lax.broadcast_in_dim(
+      plgpu.load(ref, layout=plgpu.Layout.WGMMA.reduce(1), optimized=False), shape, [0])
+  values = [row(scoped.rowi.at[wg, n]) for n in range(2)]
   plgpu.commit_smem()
   plgpu.barrier_arrive(scoped.bars.rows_free)
+  return values
 
 
 def _row_values(ref, b, g, rows):
   return plgpu.load(ref.at[b, g, rows], layout=plgpu.Layout.WGMMA.reduce(1), optimized=False)
 
 
-def _masker(seg_ref, pos_ref, kseg_ref, b, g, rows, shape):
-  """keep(start): [64, block_kv] bool, the pairs of this half's rows and the keys from
-  `start` that are attended (same document, not padding, causal)."""
-  seg_RK = lax.broadcast_in_dim(_row_values(seg_ref, b, g, rows), shape, [0])
-  pos_RK = lax.broadcast_in_dim(_row_values(pos_ref, b, g, rows), shape, [0])
+def _masker(seg_RK, pos_RK, kseg_smem):
+  """keep(slot, start): [64, block_kv] bool, the pairs of this half's rows and the keys from
+  `start` (their segment ids in kseg_smem[slot]) that are attended (same document, not
+  padding, causal)."""
+  shape = seg_RK.shape
 
-  def keep(start):
-    kseg_K = plgpu.load(kseg_ref.at[b, pl.ds(start, shape[1])],
-                        layout=plgpu.Layout.WGMMA.reduce(0), optimized=False)
+  def keep(slot, start):
+    kseg_K = plgpu.load(kseg_smem.at[slot], layout=plgpu.Layout.WGMMA.reduce(0),
+                        optimized=False)
+    plgpu.commit_smem()  # this read before the slot's next TMA write (another proxy)
     kpos_RK = start + plgpu.broadcasted_iota(jnp.int32, shape, 1, layout=plgpu.Layout.WGMMA)
     return ((seg_RK == lax.broadcast_in_dim(kseg_K, shape, [1])) & (seg_RK != 0)
             & (kpos_RK <= pos_RK))
@@ -320,8 +340,8 @@ def _fwd_kernel(ids_ref, num_ref, blk_ref, steps_ref, full_ref, src_ref, seg_ref
   trips = _trips(num_ref[0], grid)
   item_at = _item_reader(ids_ref, blk_ref, steps_ref, full_ref, grid=grid, num_groups=num_groups,
                          items_per_group=items_per_group)
-  _streams(item_at, trips, src_ref, [q_ref], k_ref, v_ref, scoped, block_size=block_size,
-           block_kv=block_kv, stages=stages, presorted=presorted)
+  _streams(item_at, trips, src_ref, [q_ref], [seg_ref, pos_ref], k_ref, v_ref, kseg_ref, scoped,
+           block_size=block_size, block_kv=block_kv, stages=stages, presorted=presorted)
 
   @pl.when(wg < 2)
   def _consumer():
@@ -336,8 +356,7 @@ def _fwd_kernel(ids_ref, num_ref, blk_ref, steps_ref, full_ref, src_ref, seg_ref
     def item_body(s, gstep):
       b, g, i, j, n, full = item_at(s)
       rows = pl.ds(i * ITEM_ROWS + wg * _ROWS, _ROWS)
-      keep = _masker(seg_ref, pos_ref, kseg_ref, b, g, rows, shape)
-      _take_rows(scoped)
+      keep = _masker(*_take_rows(scoped, shape), scoped.kseg)
 
       def step_body(step, carry):
         acc, m_prev, l_prev, gstep = carry
@@ -351,10 +370,10 @@ def _fwd_kernel(ids_ref, num_ref, blk_ref, steps_ref, full_ref, src_ref, seg_ref
           return acc_ref[...]
 
         s_RK = pl.run_scoped(qk, plgpu.ACC(shape, jnp.float32))
-        plgpu.barrier_arrive(bars.k_free.at[slot])
         s_RK = lax.cond(full != 0, lambda s_RK: s_RK * (sm_scale * _LOG2E),
-                        lambda s_RK: jnp.where(keep(start), s_RK * (sm_scale * _LOG2E), _MASK),
-                        s_RK)
+                        lambda s_RK: jnp.where(keep(slot, start), s_RK * (sm_scale * _LOG2E),
+                                               _MASK), s_RK)
+        plgpu.barrier_arrive(bars.k_free.at[slot])  # K and its key segments read
         m_next = jnp.maximum(m_prev, s_RK.max(axis=1))
         corr = jnp.exp2(m_prev - m_next)
         p = jnp.exp2(s_RK - lax.broadcast_in_dim(m_next, shape, [0]))
@@ -398,8 +417,9 @@ def _dq_kernel(ids_ref, num_ref, blk_ref, steps_ref, full_ref, src_ref, seg_ref,
   trips = _trips(num_ref[0], grid)
   item_at = _item_reader(ids_ref, blk_ref, steps_ref, full_ref, grid=grid, num_groups=num_groups,
                          items_per_group=items_per_group)
-  _streams(item_at, trips, src_ref, [q_ref, do_ref], k_ref, v_ref, scoped,
-           block_size=block_size, block_kv=block_kv, stages=stages, presorted=presorted)
+  _streams(item_at, trips, src_ref, [q_ref, do_ref], [seg_ref, pos_ref], k_ref, v_ref,
+           kseg_ref, scoped, block_size=block_size, block_kv=block_kv, stages=stages,
+           presorted=presorted)
 
   @pl.when(wg < 2)
   def _consumer():
@@ -413,10 +433,10 @@ def _dq_kernel(ids_ref, num_ref, blk_ref, steps_ref, full_ref, src_ref, seg_ref,
     def item_body(s, carry):
       b, g, i, j, n, full = item_at(s)
       rows = pl.ds(i * ITEM_ROWS + wg * _ROWS, _ROWS)
-      keep = _masker(seg_ref, pos_ref, kseg_ref, b, g, rows, shape)
+      # Global loads, issued before the wait for the item's rows.
       lse_RK = lax.broadcast_in_dim(_row_values(lse_ref, b, g, rows) * _LOG2E, shape, [0])
       delta_RK = lax.broadcast_in_dim(_row_values(delta_ref, b, g, rows), shape, [0])
-      _take_rows(scoped)
+      keep = _masker(*_take_rows(scoped, shape), scoped.kseg)
 
       def step_body(step, carry):
         acc, gstep = carry
@@ -435,7 +455,8 @@ def _dq_kernel(ids_ref, num_ref, blk_ref, steps_ref, full_ref, src_ref, seg_ref,
                                     plgpu.ACC(shape, jnp.float32))
         plgpu.barrier_arrive(bars.v_free.at[slot])
         p_RK = jnp.exp2(s_RK * (sm_scale * _LOG2E) - lse_RK)
-        p_RK = lax.cond(full != 0, lambda p: p, lambda p: jnp.where(keep(start), p, 0.0), p_RK)
+        p_RK = lax.cond(full != 0, lambda p: p, lambda p: jnp.where(keep(slot, start), p, 0.0),
+                        p_RK)
         ds16 = (p_RK * (dp_RK - delta_RK)).astype(q_tile.dtype)
         acc, ds16 = lax.optimization_barrier((acc, ds16))
         plgpu.barrier_arrive(bars.sched)  # elementwise work done
@@ -492,9 +513,10 @@ def _persistent_call(entry, out_type, *, name, num_ctas, warpgroups, interpret):
 
 
 def _launch(kernel, args, out_type, *, name, layout, segment_ids_BT, block_size, block_kv, stages,
-            gathered, d, dt, num_ctas, interpret, presorted=False):
+            gathered, d, dt, num_ctas, interpret, presorted=False, row_out=False):
   """Runs a compute kernel with its streams: persistent CTAs over the used items, four
-  warpgroups, the shared-memory buffers and barriers of _Scoped."""
+  warpgroups, the shared-memory buffers and barriers of _Scoped (gathered: the operands
+  whose rows the streams gather; row_out: the kernel writes a per-row output)."""
   _, g, l = layout.row_src_BGL.shape
   ids, num, blk, steps, full = persistent_items(layout, segment_ids_BT, block_size=block_size,
                                                 block_kv=block_kv)
@@ -507,19 +529,22 @@ def _launch(kernel, args, out_type, *, name, layout, segment_ids_BT, block_size,
 
   def entry(*refs):
     scratch = _Scoped(
-        idx=plgpu.SMEM((2, ITEM_ROWS), jnp.int32),
+        idx=None if presorted else plgpu.SMEM((2, ITEM_ROWS), jnp.int32),
         stages=[plgpu.SMEM((2, _ROWS, d), dt) for _ in range(gathered)],
         tiles=[plgpu.SMEM((2, _ROWS, d), dt, transforms=transforms) for _ in range(gathered)],
         k=plgpu.SMEM((stages, block_kv, d), dt, transforms=transforms),
         v=plgpu.SMEM((stages, block_kv, d), dt, transforms=transforms),
-        row_out=plgpu.SMEM((2, _ROWS), jnp.float32),
+        kseg=plgpu.SMEM((stages, block_kv), jnp.int32),
+        rowi=plgpu.SMEM((2, 2, _ROWS), jnp.int32),
+        row_out=plgpu.SMEM((2, _ROWS), jnp.float32) if row_out else None,
         p=plgpu.SMEM((2, _ROWS, block_kv), dt, transforms=transforms) if interpret else None,
         bars=_Bars(
             idx=plgpu.Barrier(num_barriers=2),
-            rows=plgpu.Barrier(num_arrivals=gathered * (1 if presorted else _ROWS),
-                               num_barriers=2),
+            rows=plgpu.Barrier(
+                num_arrivals=gathered * (1 if presorted else _ROWS) + 2,  # + segment, position
+                num_barriers=2),
             rows_free=plgpu.Barrier(num_arrivals=2),
-            k=plgpu.Barrier(num_barriers=stages),
+            k=plgpu.Barrier(num_arrivals=2, num_barriers=stages),  # K, key segments
             v=plgpu.Barrier(num_barriers=stages),
             k_free=plgpu.Barrier(num_arrivals=2, num_barriers=stages),
             v_free=plgpu.Barrier(num_arrivals=2, num_barriers=stages),
@@ -550,7 +575,7 @@ def moba_forward_rows(q_BSD, layout, k_BTKD, v_BTKD, segment_ids_BT, *, block_si
        segment_ids_BT.astype(jnp.int32)),
       [jax.ShapeDtypeStruct((b, g, l, d), dt), jax.ShapeDtypeStruct((b, g, l), jnp.float32)],
       name="moba_fwd_hopper", layout=layout, segment_ids_BT=segment_ids_BT,
-      block_size=block_size, block_kv=bkv, stages=stages, gathered=1, d=d, dt=dt,
+      block_size=block_size, block_kv=bkv, stages=stages, gathered=1, d=d, dt=dt, row_out=True,
       num_ctas=num_ctas, interpret=interpret)
 
 
