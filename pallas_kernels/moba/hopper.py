@@ -109,17 +109,30 @@ def persistent_items(layout, segment_ids_BT, *, block_size: int, block_kv: int):
 
 
 def _item_reader(ids_ref, blk_ref, steps_ref, full_ref, *, grid, num_groups, items_per_group):
-  """item_at(s): (b, g, i, block, key steps, full) of this CTA's s-th item (cta + s * grid)."""
+  """Returns item_at(s): (b, g, i, block, key steps, full) of this CTA's s-th item
+  (cta + s * grid), and item_loop(trips, body, init): the loop over the CTA's items,
+  carry = body(s, item_at(s), carry), with each item's fields loaded one item ahead and its
+  id two ahead, so that these global loads (a dependent pair) wait behind an item's work
+  instead of in front of the next one."""
   cta = lax.axis_index("cta")
+  flat_at = lambda s: ids_ref[jnp.minimum(cta + s * grid, ids_ref.shape[0] - 1)]
 
-  def item_at(s):
-    flat = ids_ref[cta + s * grid]
+  def fields(flat):
     i = lax.rem(flat, items_per_group)
     bg = lax.div(flat, items_per_group)
     return (lax.div(bg, num_groups), lax.rem(bg, num_groups), i, blk_ref[flat],
             steps_ref[flat], full_ref[flat])
 
-  return item_at
+  def item_loop(trips, body, init):
+    def step(s, carry):
+      flat_next, item, c = carry
+      flat_after = flat_at(s + 2)
+      item_next = fields(flat_next)
+      return flat_after, item_next, body(s, item, c)
+
+    return lax.fori_loop(0, trips, step, (flat_at(1), fields(flat_at(0)), init))[2]
+
+  return (lambda s: fields(flat_at(s))), item_loop
 
 
 def _trips(num, grid):
@@ -127,8 +140,8 @@ def _trips(num, grid):
   return jnp.maximum(num - lax.axis_index("cta") + grid - 1, 0) // grid
 
 
-def _streams(item_at, trips, src_ref, gathered, row_refs, k_ref, v_ref, kseg_ref, scoped, *,
-             block_size, block_kv, stages, presorted=False):
+def _streams(item_at, item_loop, trips, src_ref, gathered, row_refs, k_ref, v_ref, kseg_ref,
+             scoped, *, block_size, block_kv, stages, presorted=False):
   """The two streaming warpgroups, shared by the forward and dq kernels.
 
   Warpgroup 2 streams each item's K/V tiles into `stages` slots by TMA, straight on from one
@@ -151,8 +164,8 @@ def _streams(item_at, trips, src_ref, gathered, row_refs, k_ref, v_ref, kseg_ref
   def _kv_producer():
     plgpu.set_max_registers(24, action="decrease")
 
-    def item_body(s, gstep):
-      b, g, _, j, n, _ = item_at(s)
+    def item_body(s, item, gstep):
+      b, g, _, j, n, _ = item
 
       def step_body(step, gstep):
         slot = lax.rem(gstep, stages)
@@ -166,7 +179,7 @@ def _streams(item_at, trips, src_ref, gathered, row_refs, k_ref, v_ref, kseg_ref
 
       return lax.fori_loop(0, n, step_body, gstep)
 
-    lax.fori_loop(0, trips, item_body, jnp.int32(0))
+    item_loop(trips, item_body, jnp.int32(0))
     _await_last_frees(_slots(bars.k_free, stages) + _slots(bars.v_free, stages))
 
   @pl.when(wg == 3)
@@ -338,10 +351,11 @@ def _fwd_kernel(ids_ref, num_ref, blk_ref, steps_ref, full_ref, src_ref, seg_ref
   bars = scoped.bars
   wg = lax.axis_index("wg")
   trips = _trips(num_ref[0], grid)
-  item_at = _item_reader(ids_ref, blk_ref, steps_ref, full_ref, grid=grid, num_groups=num_groups,
-                         items_per_group=items_per_group)
-  _streams(item_at, trips, src_ref, [q_ref], [seg_ref, pos_ref], k_ref, v_ref, kseg_ref, scoped,
-           block_size=block_size, block_kv=block_kv, stages=stages, presorted=presorted)
+  item_at, item_loop = _item_reader(ids_ref, blk_ref, steps_ref, full_ref, grid=grid,
+                                    num_groups=num_groups, items_per_group=items_per_group)
+  _streams(item_at, item_loop, trips, src_ref, [q_ref], [seg_ref, pos_ref], k_ref, v_ref,
+           kseg_ref, scoped, block_size=block_size, block_kv=block_kv, stages=stages,
+           presorted=presorted)
 
   @pl.when(wg < 2)
   def _consumer():
@@ -353,8 +367,8 @@ def _fwd_kernel(ids_ref, num_ref, blk_ref, steps_ref, full_ref, src_ref, seg_ref
     d = q_tile.shape[-1]
     p_smem = scoped.p.at[wg] if p_in_smem else None
 
-    def item_body(s, gstep):
-      b, g, i, j, n, full = item_at(s)
+    def item_body(s, item, gstep):
+      b, g, i, j, n, full = item
       rows = pl.ds(i * ITEM_ROWS + wg * _ROWS, _ROWS)
       keep = _masker(*_take_rows(scoped, shape), scoped.kseg)
 
@@ -399,7 +413,7 @@ def _fwd_kernel(ids_ref, num_ref, blk_ref, steps_ref, full_ref, src_ref, seg_ref
       plgpu.copy_smem_to_gmem(scoped.row_out.at[wg], lse_ref.at[b, g, rows])
       return gstep
 
-    lax.fori_loop(0, trips, item_body, jnp.int32(0))
+    item_loop(trips, item_body, jnp.int32(0))
     pl.when(wg == 0)(schedule)
     plgpu.wait_smem_to_gmem(0)
 
@@ -415,9 +429,9 @@ def _dq_kernel(ids_ref, num_ref, blk_ref, steps_ref, full_ref, src_ref, seg_ref,
   bars = scoped.bars
   wg = lax.axis_index("wg")
   trips = _trips(num_ref[0], grid)
-  item_at = _item_reader(ids_ref, blk_ref, steps_ref, full_ref, grid=grid, num_groups=num_groups,
-                         items_per_group=items_per_group)
-  _streams(item_at, trips, src_ref, [q_ref, do_ref], [seg_ref, pos_ref], k_ref, v_ref,
+  item_at, item_loop = _item_reader(ids_ref, blk_ref, steps_ref, full_ref, grid=grid,
+                                    num_groups=num_groups, items_per_group=items_per_group)
+  _streams(item_at, item_loop, trips, src_ref, [q_ref, do_ref], [seg_ref, pos_ref], k_ref, v_ref,
            kseg_ref, scoped, block_size=block_size, block_kv=block_kv, stages=stages,
            presorted=presorted)
 
@@ -430,8 +444,8 @@ def _dq_kernel(ids_ref, num_ref, blk_ref, steps_ref, full_ref, src_ref, seg_ref,
     d = q_tile.shape[-1]
     p_smem = scoped.p.at[wg] if p_in_smem else None
 
-    def item_body(s, carry):
-      b, g, i, j, n, full = item_at(s)
+    def item_body(s, item, carry):
+      b, g, i, j, n, full = item
       rows = pl.ds(i * ITEM_ROWS + wg * _ROWS, _ROWS)
       # Global loads, issued before the wait for the item's rows.
       lse_RK = lax.broadcast_in_dim(_row_values(lse_ref, b, g, rows) * _LOG2E, shape, [0])
@@ -472,7 +486,7 @@ def _dq_kernel(ids_ref, num_ref, blk_ref, steps_ref, full_ref, src_ref, seg_ref,
       plgpu.copy_smem_to_gmem(q_tile, dq_ref.at[b, g, rows])
       return gstep
 
-    lax.fori_loop(0, trips, item_body, jnp.int32(0))
+    item_loop(trips, item_body, jnp.int32(0))
     pl.when(wg == 0)(schedule)
     plgpu.wait_smem_to_gmem(0)
 
@@ -609,35 +623,21 @@ def moba_dq_rows(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segmen
   return dq_BGLD
 
 
-class _BwdScoped(NamedTuple):
-  q: Any         # (stages, 64, D) swizzled: a chunk's sorted q rows
-  do: Any        # (stages, 64, D) swizzled: its dO rows
-  rowf: Any      # (stages, 2, 64) float32: its rows' lse (log2) and delta
-  rowi: Any      # (stages, 2, 64) int32: its rows' segment and position
-  k: Any         # (2, DKV_TILE, D) swizzled
-  v: Any
-  p: Any         # interpret mode only: (2, 64, 64) swizzled P^T / dS^T
-  kv: Any        # barriers: K/V landed (per buffer)
-  kv_free: Any   # K/V buffer read by both compute warpgroups
-  chunk: Any     # a chunk's six copies landed (per slot)
-  chunk_free: Any  # chunk slot read by both compute warpgroups
-  sched: Any     # the compute warpgroups' turns on the tensor cores
-
-
 def _dkv_kernel(ids_ref, first_ref, end_ref, seg_ref, pos_ref, lse2_ref, delta_ref, qs_ref,
                 dos_ref, k_ref, v_ref, kseg_ref, dk_ref, dv_ref, scoped, *, sm_scale,
                 tiles_per_row, num_groups, num_items, grid, stages, p_in_smem):
-  """The backward per key tile of DKV_TILE keys: each compute warpgroup holds dK, dV of its
-  64 keys in registers over the 64-row chunks of the tile's block (q and dO rows already in
-  sorted order, so each chunk is one TMA box), computing S^T = K q^T and dP^T = V dO^T, then
+  """dk/dv per key tile of DKV_TILE keys: each compute warpgroup holds dK, dV of its 64 keys
+  in registers over the 64-row chunks of the tile's block (q and dO rows already in sorted
+  order, so each chunk is one TMA box), computing S^T = K q^T and dP^T = V dO^T, then
   dV += P^T dO and dK += dS^T q with P^T and dS^T from registers; the two warpgroups share
   each chunk and take turns on the tensor cores. A producer warpgroup streams the tiles'
-  K/V (two buffers: the next tile's load overlaps this one's chunks) and the chunks
-  (`stages` slots: q, dO and the rows' lse, delta, segment and position). Persistent: CTA c
-  runs items c, c + grid, ... of ids (tiles ordered by decreasing work outside). dK and dV
-  are stored from registers at the end of an item."""
-  s_ = scoped
-  frees = _slots(s_.kv_free, 2) + _slots(s_.chunk_free, stages)
+  K/V (two buffers, so the next tile's load overlaps this one's chunks) and the chunks
+  (`stages` slots: q, dO and the rows' lse, delta, segment and position). dK and dV leave
+  through the warpgroup's half of the K/V buffer. Persistent: CTA c runs items c, c + grid,
+  ... of ids (tiles ordered by decreasing work outside)."""
+  q_smem, do_smem, rowf_smem, rowi_smem, k_smem, v_smem, p_smem, bars = scoped
+  kv_bar, kv_free, chunk_bar, chunk_free, sched = bars
+  frees = _slots(kv_free, 2) + _slots(chunk_free, stages)
   wg = lax.axis_index("wg")
   cta = lax.axis_index("cta")
   trips = _trips(num_items, grid)
@@ -656,18 +656,18 @@ def _dkv_kernel(ids_ref, first_ref, end_ref, seg_ref, pos_ref, lse2_ref, delta_r
       b, g, n, first, end = item_at(s)
       buf = lax.rem(s, 2)
       keys = (b, pl.ds(n * DKV_TILE, DKV_TILE), g)
-      plgpu.barrier_wait(s_.kv_free.at[buf])
-      plgpu.copy_gmem_to_smem(k_ref.at[keys], s_.k.at[buf], s_.kv.at[buf])
-      plgpu.copy_gmem_to_smem(v_ref.at[keys], s_.v.at[buf], s_.kv.at[buf])
+      plgpu.barrier_wait(kv_free.at[buf])
+      plgpu.copy_gmem_to_smem(k_ref.at[keys], k_smem.at[buf], kv_bar.at[buf])
+      plgpu.copy_gmem_to_smem(v_ref.at[keys], v_smem.at[buf], kv_bar.at[buf])
 
       def chunk_body(c, cstep):
         slot = lax.rem(cstep, stages)
         rows = (b, g, pl.ds(c * _ROWS, _ROWS))
-        plgpu.barrier_wait(s_.chunk_free.at[slot])
-        for src, dst in ((qs_ref, s_.q.at[slot]), (dos_ref, s_.do.at[slot]),
-                         (lse2_ref, s_.rowf.at[slot, 0]), (delta_ref, s_.rowf.at[slot, 1]),
-                         (seg_ref, s_.rowi.at[slot, 0]), (pos_ref, s_.rowi.at[slot, 1])):
-          plgpu.copy_gmem_to_smem(src.at[rows], dst, s_.chunk.at[slot])
+        plgpu.barrier_wait(chunk_free.at[slot])
+        for src, dst in ((qs_ref, q_smem.at[slot]), (dos_ref, do_smem.at[slot]),
+                         (lse2_ref, rowf_smem.at[slot, 0]), (delta_ref, rowf_smem.at[slot, 1]),
+                         (seg_ref, rowi_smem.at[slot, 0]), (pos_ref, rowi_smem.at[slot, 1])):
+          plgpu.copy_gmem_to_smem(src.at[rows], dst, chunk_bar.at[slot])
         return cstep + 1
 
       return lax.fori_loop(first, end, chunk_body, cstep)
@@ -677,11 +677,11 @@ def _dkv_kernel(ids_ref, first_ref, end_ref, seg_ref, pos_ref, lse2_ref, delta_r
 
   @pl.when(wg < 2)
   def _consumer():
-    schedule = _consumer_setup(s_.sched, frees)
+    schedule = _consumer_setup(sched, frees)
     shape = (_ROWS, _ROWS)  # (this warpgroup's keys, a chunk's rows)
-    d = s_.k.shape[-1]
+    d = k_smem.shape[-1]
     mine = pl.ds(wg * _ROWS, _ROWS)
-    wg_p = s_.p.at[wg] if p_in_smem else None
+    wg_p = p_smem.at[wg] if p_in_smem else None
     col_layout = plgpu.Layout.WGMMA.reduce(0)
     cols = lambda ref: lax.broadcast_in_dim(plgpu.load(ref, layout=col_layout, optimized=False),
                                             shape, [1])
@@ -694,14 +694,14 @@ def _dkv_kernel(ids_ref, first_ref, end_ref, seg_ref, pos_ref, lse2_ref, delta_r
                           layout=plgpu.Layout.WGMMA.reduce(1), optimized=False)
       kseg_KR = lax.broadcast_in_dim(kseg_K, shape, [0])
       kpos_KR = kstart + plgpu.broadcasted_iota(jnp.int32, shape, 0, layout=plgpu.Layout.WGMMA)
-      k_w, v_w = s_.k.at[buf, mine], s_.v.at[buf, mine]
-      plgpu.barrier_wait(s_.kv.at[buf])
+      k_w, v_w = k_smem.at[buf, mine], v_smem.at[buf, mine]
+      plgpu.barrier_wait(kv_bar.at[buf])
 
       def chunk_body(c, carry):
         dk, dv, cstep = carry
         slot = lax.rem(cstep, stages)
-        plgpu.barrier_wait(s_.chunk.at[slot])
-        q_t, do_t = s_.q.at[slot], s_.do.at[slot]
+        plgpu.barrier_wait(chunk_bar.at[slot])
+        q_t, do_t = q_smem.at[slot], do_smem.at[slot]
 
         def products(s_ref, dp_ref):
           plgpu.wgmma(s_ref, k_w, q_t.transpose((1, 0)))
@@ -711,28 +711,30 @@ def _dkv_kernel(ids_ref, first_ref, end_ref, seg_ref, pos_ref, lse2_ref, delta_r
 
         s_KR, dp_KR = pl.run_scoped(products, plgpu.ACC(shape, jnp.float32),
                                     plgpu.ACC(shape, jnp.float32))
-        seg_KR = cols(s_.rowi.at[slot, 0])
-        keep = ((seg_KR == kseg_KR) & (seg_KR != 0) & (kpos_KR <= cols(s_.rowi.at[slot, 1])))
-        p_KR = jnp.where(keep, jnp.exp2(s_KR * (sm_scale * _LOG2E) - cols(s_.rowf.at[slot, 0])),
+        seg_KR = cols(rowi_smem.at[slot, 0])
+        keep = ((seg_KR == kseg_KR) & (seg_KR != 0) & (kpos_KR <= cols(rowi_smem.at[slot, 1])))
+        p_KR = jnp.where(keep, jnp.exp2(s_KR * (sm_scale * _LOG2E) - cols(rowf_smem.at[slot, 0])),
                          0.0)
-        ds_KR = p_KR * (dp_KR - cols(s_.rowf.at[slot, 1]))
+        ds_KR = p_KR * (dp_KR - cols(rowf_smem.at[slot, 1]))
         p16, ds16 = p_KR.astype(q_t.dtype), ds_KR.astype(q_t.dtype)
         dk, dv, p16, ds16 = lax.optimization_barrier((dk, dv, p16, ds16))
-        plgpu.barrier_arrive(s_.sched)  # elementwise work done
-        # K/V are last read by the products above: the next tile's may load during this
-        # chunk's accumulation.
-        pl.when(c == end - 1)(lambda: plgpu.barrier_arrive(s_.kv_free.at[buf]))
-        plgpu.barrier_wait(s_.sched)  # tensor cores free
+        plgpu.barrier_arrive(sched)  # elementwise work done
+        plgpu.barrier_wait(sched)  # tensor cores free
         dv = _accumulate(dv, p16, do_t, wg_p)
         dk = _accumulate(dk, ds16, q_t, wg_p)
-        plgpu.barrier_arrive(s_.chunk_free.at[slot])
+        plgpu.barrier_arrive(chunk_free.at[slot])
         return dk, dv, cstep + 1
 
       zeros = plgpu.layout_cast(jnp.zeros((_ROWS, d), jnp.float32), plgpu.Layout.WGMMA)
       dk, dv, cstep = lax.fori_loop(first, end, chunk_body, (zeros, zeros, cstep))
-      pl.when(end <= first)(lambda: plgpu.barrier_arrive(s_.kv_free.at[buf]))  # no chunks
-      dk_ref.at[b, pl.ds(kstart, _ROWS), g][...] = (dk * sm_scale).astype(dk_ref.dtype)
-      dv_ref.at[b, pl.ds(kstart, _ROWS), g][...] = dv.astype(dv_ref.dtype)
+      # This warpgroup's half of the buffer is no longer read: dK and dV leave through it.
+      k_w[...] = (dk * sm_scale).astype(k_w.dtype)
+      v_w[...] = dv.astype(v_w.dtype)
+      plgpu.commit_smem()
+      plgpu.copy_smem_to_gmem(k_w, dk_ref.at[b, pl.ds(kstart, _ROWS), g])
+      plgpu.copy_smem_to_gmem(v_w, dv_ref.at[b, pl.ds(kstart, _ROWS), g])
+      plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+      plgpu.barrier_arrive(kv_free.at[buf])
       return cstep
 
     lax.fori_loop(0, trips, item_body, jnp.int32(0))
@@ -777,20 +779,19 @@ def moba_dkv(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_id
                              grid=num_ctas, stages=stages, p_in_smem=bool(interpret))
 
   def entry(*refs):
-    scratch = _BwdScoped(
-        q=plgpu.SMEM((stages, _ROWS, d), dt, transforms=transforms),
-        do=plgpu.SMEM((stages, _ROWS, d), dt, transforms=transforms),
-        rowf=plgpu.SMEM((stages, 2, _ROWS), jnp.float32),
-        rowi=plgpu.SMEM((stages, 2, _ROWS), jnp.int32),
-        k=plgpu.SMEM((2, DKV_TILE, d), dt, transforms=transforms),
-        v=plgpu.SMEM((2, DKV_TILE, d), dt, transforms=transforms),
-        p=plgpu.SMEM((2, _ROWS, _ROWS), dt, transforms=transforms) if interpret else None,
-        kv=plgpu.Barrier(num_arrivals=2, num_barriers=2),  # K and V
-        kv_free=plgpu.Barrier(num_arrivals=2, num_barriers=2),
-        chunk=plgpu.Barrier(num_arrivals=6, num_barriers=stages),
-        chunk_free=plgpu.Barrier(num_arrivals=2, num_barriers=stages),
-        sched=plgpu.Barrier(num_arrivals=2))
-    pl.run_scoped(lambda scoped: kernel(*refs, scoped), scratch, collective_axes="wg")
+    scratch = [plgpu.SMEM((stages, _ROWS, d), dt, transforms=transforms),
+               plgpu.SMEM((stages, _ROWS, d), dt, transforms=transforms),
+               plgpu.SMEM((stages, 2, _ROWS), jnp.float32),
+               plgpu.SMEM((stages, 2, _ROWS), jnp.int32),
+               plgpu.SMEM((2, DKV_TILE, d), dt, transforms=transforms),
+               plgpu.SMEM((2, DKV_TILE, d), dt, transforms=transforms),
+               plgpu.SMEM((2, _ROWS, _ROWS), dt, transforms=transforms) if interpret else None]
+    bars = (plgpu.Barrier(num_arrivals=2, num_barriers=2),
+            plgpu.Barrier(num_arrivals=2, num_barriers=2),
+            plgpu.Barrier(num_arrivals=6, num_barriers=stages),
+            plgpu.Barrier(num_arrivals=2, num_barriers=stages),
+            plgpu.Barrier(num_arrivals=2))
+    pl.run_scoped(lambda *scoped: kernel(*refs, scoped), *scratch, bars, collective_axes="wg")
 
   call = _persistent_call(entry, [jax.ShapeDtypeStruct(k_BTKD.shape, k_BTKD.dtype),
                                   jax.ShapeDtypeStruct(v_BTKD.shape, v_BTKD.dtype)],
