@@ -36,9 +36,9 @@ def _group_to_BTH(x_BGTGh, b, t, hq):
   return jnp.moveaxis(x_BGTGh, 1, 2).reshape(b, t, hq, *rest)
 
 
-# Kernel sets: each module provides moba_forward_rows and moba_bwd_rows (partial dq per sorted
-# row, dk, dv) with the same contracts. "triton": Pallas Triton lowering, any GPU, float32 or
-# bf16; "mosaic": Pallas Mosaic GPU, Hopper, bf16 (hopper.py).
+# Kernel sets: each module provides moba_forward_rows, moba_dq_rows and moba_dkv with the same
+# contracts. "triton": Pallas Triton lowering, any GPU, float32 or bf16; "mosaic": Pallas
+# Mosaic GPU, Hopper, bf16 (hopper.py).
 BACKENDS = {"triton": kernels, "mosaic": hopper}
 # Rows each block's run is padded to, where a kernel set needs more than block_rows.
 _PAD_ROWS = {"mosaic": hopper.ITEM_ROWS}
@@ -89,8 +89,10 @@ def _moba_bwd(block_size, bs, interpret, backend, res, do_BTHD):
   flat = lambda x: x.reshape(b, t * hq, *x.shape[3:])
   args = (flat(q_BTHD), flat(do_BTHD), flat(lse_BTH), flat(delta_BTH), layout, k_BTKD, v_BTKD,
           segment_ids_BT)
-  dq_BGLD, dk_BTKD, dv_BTKD = BACKENDS[backend].moba_bwd_rows(*args, block_size=block_size,
-                                                             bs=bs, interpret=interpret)
+  dq_BGLD = BACKENDS[backend].moba_dq_rows(*args, block_size=block_size, bs=bs,
+                                           interpret=interpret)
+  dk_BTKD, dv_BTKD = BACKENDS[backend].moba_dkv(*args, block_size=block_size, bs=bs,
+                                                interpret=interpret)
   used_BGTK = jnp.transpose(sel.selected_BTGK, (0, 2, 1, 3)) < t // block_size
   dq_BGTKHD = jnp.where(used_BGTK[..., None, None],
                         _from_entries(dq_BGLD, layout, gh).astype(jnp.float32), 0.0)

@@ -148,14 +148,14 @@ def _streams(item_at, item_loop, trips, src_ref, gathered, row_refs, k_ref, v_re
   item into the next, with the tile's key segment ids (the mask's, read from shared memory
   instead of global memory in the compute warpgroups' critical path). Warpgroup 3 copies
   each half's rows' segment and position (`row_refs`, [B, G, L] in sorted order) into
-  scoped.rowi, and gathers each item's rows of every ref in
-  `gathered` into its staging buffer: TMA copies boxes and the wgmma operand layout (8-row
-  swizzled tiles) takes no single-row copies, so the item's row ids come first (one copy
-  into shared memory, the next item's while this one computes), then one copy per row into
-  a plain buffer, which the compute warpgroups move into their swizzled tiles. 128
-  single-row copies per item and ref, issued by one thread, would hold up the K/V stream if
-  one warpgroup issued both. presorted: the refs in `gathered` already hold the rows in sorted order
-  ([B, G, L, D]), so each half is one box copy and no row ids are read."""
+  scoped.rowi, and gathers each item's rows of every ref in `gathered` into its staging
+  buffer: TMA copies boxes and the wgmma operand layout (8-row swizzled tiles) takes no
+  single-row copies, so the item's row ids come first (one copy into shared memory, the next
+  item's while this one computes), then one copy per row into a plain buffer, which the
+  compute warpgroups move into their swizzled tiles. 128 single-row copies per item and ref,
+  issued by one thread, would hold up the K/V stream if one warpgroup issued both.
+  presorted: the refs in `gathered` already hold the rows in sorted order ([B, G, L, D]),
+  so each half is one box copy and no row ids are read."""
   idx_smem, stage_smems, k_smem, v_smem = scoped.idx, scoped.stages, scoped.k, scoped.v
   bars = scoped.bars
   wg = lax.axis_index("wg")
@@ -802,11 +802,3 @@ def moba_dkv(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_id
               sorted_rows(q_BSD, layout), sorted_rows(do_BSD.astype(dt), layout),
               k_BTKD, v_BTKD, segment_ids_BT.astype(jnp.int32))
 
-
-def moba_bwd_rows(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_ids_BT, *,
-                  block_size, bs: MobaBlockSizes, interpret: bool | plgpu.InterpretGPUParams):
-  """The backward, as kernels.moba_bwd_rows: partial dq per sorted row (moba_dq_rows) and
-  dk, dv (moba_dkv); both read q and dO in sorted order, gathered once."""
-  args = (q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_ids_BT)
-  kw = dict(block_size=block_size, bs=bs, interpret=interpret)
-  return moba_dq_rows(*args, **kw), *moba_dkv(*args, **kw)

@@ -418,11 +418,3 @@ def moba_dkv(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_id
     layout.row_seg_BGL, layout.row_pos_BGL, q_BSD, do_BSD, lse_BS, delta_BS, k_BTKD, v_BTKD,
     segment_ids_BT.astype(jnp.int32))
 
-
-def moba_bwd_rows(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_ids_BT, *,
-                  block_size, bs: MobaBlockSizes, interpret: bool):
-  """The backward: partial dq per sorted row (moba_dq_rows) and dk, dv (moba_dkv), two
-  kernels."""
-  args = (q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_ids_BT)
-  kw = dict(block_size=block_size, bs=bs, interpret=interpret)
-  return moba_dq_rows(*args, **kw), *moba_dkv(*args, **kw)
