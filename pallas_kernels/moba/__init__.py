@@ -67,11 +67,12 @@ most of the prefix), which the useful-FLOP metric does not count. That choice wa
 made on this count, not by timing a query-centric kernel.
 
 Measured (BENCHMARKS.md, H200, bf16, S=32K, block 512, 16 heads, D=128): top-3
-forward+backward 0.443x cuDNN dense causal's useful-FLOP rate with backend="mosaic" (hopper.py:
-forward, dq and dk/dv in Pallas Mosaic GPU, persistent and warp-specialized; 0.551x / 0.573x at
-top-8 / 16) and 0.38-0.41x with the Triton kernels (target 0.6x not reached); at 14/2 heads x
-64, block 256, the Triton kernels are faster. Time linear in the budget (R^2 0.999, k=2..16,
-one compile); the gating 4-9% of the step's GPU time.
+forward+backward 0.450x cuDNN dense causal's useful-FLOP rate with backend="mosaic" (hopper.py:
+forward, dq and dk/dv in Pallas Mosaic GPU, persistent and warp-specialized; 0.553x / 0.584x at
+top-8 / 16) and 0.38-0.41x with the Triton kernels (target 0.6x not reached); at block 256 and
+at 14/2 heads x 64 the Triton kernels are faster. Time linear in the budget (R^2 0.995 with the
+Hopper kernels, 0.999 with the Triton ones, k=2..16, one compile); the gating 4-9% of the
+step's GPU time.
 """
 
 from pallas_kernels.moba.attention import moba_attention

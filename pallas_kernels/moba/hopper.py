@@ -294,16 +294,17 @@ def _take_rows(scoped, shape):
   plgpu.wait_smem_to_gmem(0, wait_read_only=True)
   for stage, tile in zip(scoped.stages, scoped.tiles):
     tile.at[wg][...] = stage.at[wg][...]
-  row = lambda ref: lax.broadcast_in_dim(
-      plgpu.load(ref, layout=plgpu.Layout.WGMMA.reduce(1), optimized=False), shape, [0])
-  values = [row(scoped.rowi.at[wg, n]) for n in range(2)]
+  values = [_per_row(scoped.rowi.at[wg, n], shape) for n in range(2)]
   plgpu.commit_smem()
   plgpu.barrier_arrive(scoped.bars.rows_free)
   return values
 
 
-def _row_values(ref, b, g, rows):
-  return plgpu.load(ref.at[b, g, rows], layout=plgpu.Layout.WGMMA.reduce(1), optimized=False)
+def _per_row(ref, shape):
+  """A 64-entry ref (one value per row of a wgmma tile, shared or global memory) loaded and
+  broadcast across the columns of `shape`."""
+  return lax.broadcast_in_dim(
+      plgpu.load(ref, layout=plgpu.Layout.WGMMA.reduce(1), optimized=False), shape, [0])
 
 
 def _masker(seg_RK, pos_RK, kseg_smem):
@@ -448,8 +449,8 @@ def _dq_kernel(ids_ref, num_ref, blk_ref, steps_ref, full_ref, src_ref, seg_ref,
       b, g, i, j, n, full = item
       rows = pl.ds(i * ITEM_ROWS + wg * _ROWS, _ROWS)
       # Global loads, issued before the wait for the item's rows.
-      lse_RK = lax.broadcast_in_dim(_row_values(lse_ref, b, g, rows) * _LOG2E, shape, [0])
-      delta_RK = lax.broadcast_in_dim(_row_values(delta_ref, b, g, rows), shape, [0])
+      lse_RK = _per_row(lse_ref.at[b, g, rows], shape) * _LOG2E
+      delta_RK = _per_row(delta_ref.at[b, g, rows], shape)
       keep = _masker(*_take_rows(scoped, shape), scoped.kseg)
 
       def step_body(step, carry):
@@ -690,9 +691,7 @@ def _dkv_kernel(ids_ref, first_ref, end_ref, seg_ref, pos_ref, lse2_ref, delta_r
       b, g, n, first, end = item_at(s)
       buf = lax.rem(s, 2)
       kstart = n * DKV_TILE + wg * _ROWS
-      kseg_K = plgpu.load(kseg_ref.at[b, pl.ds(kstart, _ROWS)],
-                          layout=plgpu.Layout.WGMMA.reduce(1), optimized=False)
-      kseg_KR = lax.broadcast_in_dim(kseg_K, shape, [0])
+      kseg_KR = _per_row(kseg_ref.at[b, pl.ds(kstart, _ROWS)], shape)
       kpos_KR = kstart + plgpu.broadcasted_iota(jnp.int32, shape, 0, layout=plgpu.Layout.WGMMA)
       k_w, v_w = k_smem.at[buf, mine], v_smem.at[buf, mine]
       plgpu.barrier_wait(kv_bar.at[buf])
@@ -801,4 +800,3 @@ def moba_dkv(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_id
               sorted_rows(lse_BS * _LOG2E, layout), sorted_rows(delta_BS, layout),
               sorted_rows(q_BSD, layout), sorted_rows(do_BSD.astype(dt), layout),
               k_BTKD, v_BTKD, segment_ids_BT.astype(jnp.int32))
-
