@@ -43,15 +43,24 @@ def test_rows_match_triton_forward(hq, hkv, block_size):
   """Partial outputs and lse of every row a used chunk holds: the same function as the
   Triton kernel's with the same key tiles (so the same bf16 roundings of P), on fresh inputs
   with packed documents and ragged budgets. Three persistent CTAs, each running several work
-  items of two chunks through one K/V stream; 128-key tiles where the block holds them."""
+  items of two chunks through one K/V stream; 128-key tiles where the block holds them.
+  The gathered q rows the kernel stores for the backward (sorted_q) are those XLA's gather
+  puts in sorted order, on every row of every used item (padding rows included)."""
   q_BSD, _, _, _, layout, k, v, seg = kernel_args(hq, hkv, block_size)
   args = (q_BSD, layout, k, v, seg)
   tiles = dataclasses.replace(HOPPER, block_k=min(128, block_size))
   want_o, want_lse = kernels.moba_forward_rows(*args, block_size=block_size, bs=tiles,
                                                interpret=True)
-  got_o, got_lse = hopper.moba_forward_rows(*args, block_size=block_size, bs=HOPPER,
-                                            interpret=True, block_kv=tiles.block_k, num_ctas=3)
+  got_o, got_lse, got_q = hopper.moba_forward_rows(
+      *args, block_size=block_size, bs=HOPPER, interpret=True, block_kv=tiles.block_k,
+      num_ctas=3, sorted_q=True)
   assert got_o.dtype == jnp.bfloat16 and got_lse.dtype == jnp.float32
+  chunk_used = np.asarray(layout.chunk_block_BGC) >= 0
+  item_used = chunk_used.reshape(*chunk_used.shape[:2], -1, hopper.ITEM_ROWS // HOPPER.block_rows)
+  item_rows_BGL = np.repeat(item_used[..., 0], hopper.ITEM_ROWS, axis=-1)
+  assert item_rows_BGL.sum() > 0
+  np.testing.assert_array_equal(np.asarray(got_q)[item_rows_BGL],
+                                np.asarray(hopper.sorted_rows(q_BSD, layout))[item_rows_BGL])
   used_BGL = np.repeat(np.asarray(layout.chunk_block_BGC) >= 0, HOPPER.block_rows, axis=-1)
   real_BGL = used_BGL & (np.asarray(layout.row_seg_BGL) != 0)
   assert real_BGL.sum() > 0

@@ -284,23 +284,32 @@ def moba_coverage(q_BTHD, k_BTKD, segment_ids_BT, budget_B, *, block_size: int, 
   return jnp.where(n_B > 0, (per_token_BT * nonpad_BT).sum(-1) / jnp.maximum(n_B, 1), 1.0)
 
 
-def _count_reads_up_to(sel_BGTK, n: int, chunk: int = 128) -> jax.Array:
-  """[B, G, T, N] int32: how many tokens <= t read block j (inclusive cumsum over t).
+def _rank_among_readers(sel_BGTK, n: int, chunk: int = 128) -> tuple[jax.Array, jax.Array]:
+  """(rank_BGTK, cnt_BGN): each (token, slot)'s rank among the tokens that read its block
+  (how many earlier tokens read it; meaningless on unused slots) and each block's reader count.
 
-  Computed per chunk of tokens as a lower-triangular 0/1 matmul (exact: counts
-  <= chunk in float32) plus a short cumsum of chunk totals, instead of one scan
-  over all T tokens.
+  Counted per chunk of tokens as a 0/1 matmul with a triangular matrix (exact: counts
+  <= chunk, in bf16 as in float32) plus a short cumsum of chunk totals, instead of a scan or
+  a sort over all T tokens. The bitmap is laid out [B, G, chunk, block, token in chunk], so
+  the matmul contracts the minor axis and no operand or result needs a transpose.
   """
-  b, g, t, _ = sel_BGTK.shape
+  b, g, t, kmax = sel_BGTK.shape
   p = math.gcd(t, chunk)
-  reads_BGCPN = (sel_BGTK[..., None] == jnp.arange(n, dtype=jnp.int32)).any(axis=3).astype(
-      jnp.bfloat16).reshape(b, g, t // p, p, n)
-  tri_PQ = (jnp.arange(p)[:, None] >= jnp.arange(p)[None, :]).astype(jnp.bfloat16)
-  within_BGCPN = jnp.einsum("pq,bgcqn->bgcpn", tri_PQ, reads_BGCPN,
-                            preferred_element_type=jnp.float32).astype(jnp.int32)
-  totals_BGCN = within_BGCPN[:, :, :, -1]
+  c = t // p
+  sel_BGCPK = sel_BGTK.reshape(b, g, c, p, kmax)
+  blk_N = jnp.arange(n, dtype=jnp.int32)[:, None, None]
+  reads_BGCNP = (sel_BGCPK[:, :, :, None] == blk_N).any(axis=-1).astype(jnp.bfloat16)
+  tri_QP = (jnp.arange(p)[:, None] <= jnp.arange(p)[None, :]).astype(jnp.bfloat16)
+  upto_BGCNP = jnp.einsum("bgcnq,qp->bgcnp", reads_BGCNP, tri_QP,
+                          preferred_element_type=jnp.float32).astype(jnp.int32)
+  totals_BGCN = upto_BGCNP[..., -1]
   before_BGCN = jnp.cumsum(totals_BGCN, axis=2) - totals_BGCN
-  return (within_BGCPN + before_BGCN[:, :, :, None]).reshape(b, g, t, n)
+  blk_BGCPK = jnp.minimum(sel_BGCPK, n - 1)
+  at_BGCX = (blk_BGCPK * p + jnp.arange(p, dtype=jnp.int32)[:, None]).reshape(b, g, c, p * kmax)
+  upto_BGCPK = jnp.take_along_axis(upto_BGCNP.reshape(b, g, c, n * p), at_BGCX, axis=3)
+  before_BGCPK = jnp.take_along_axis(before_BGCN, blk_BGCPK.reshape(b, g, c, p * kmax), axis=3)
+  rank_BGTK = (upto_BGCPK + before_BGCPK).reshape(b, g, t, kmax) - 1
+  return rank_BGTK, before_BGCN[:, :, -1] + totals_BGCN[:, :, -1]
 
 
 def build_kv_layout(sel: MobaSelection, segment_ids_BT: jax.Array, *, num_blocks: int,
@@ -309,7 +318,7 @@ def build_kv_layout(sel: MobaSelection, segment_ids_BT: jax.Array, *, num_blocks
   """Transpose the selection into the KV-centric sorted-row layout the kernels read.
 
   Sort-free: a token's rank among the tokens that read block j is a count over
-  the (token, block) selection bitmap (see _count_reads_up_to), a few passes over
+  the (token, block) selection bitmap (see _rank_among_readers), a few passes over
   [T, N] instead of a sort of T * k_max keys. mark_full=False leaves chunk_full_BGC all
   zero (every chunk masked) and skips computing it: for kernels that do not skip masks.
   pad_rows (a multiple of block_rows; default block_rows): each block's run is padded to a
@@ -323,14 +332,12 @@ def build_kv_layout(sel: MobaSelection, segment_ids_BT: jax.Array, *, num_blocks
   if pad % r:
     raise ValueError(f"pad_rows={pad} must be a multiple of block_rows={r}")
   cap_rows = -(-(t * kmax * gh + n * (pad - 1)) // pad) * pad
-  csum_BGTN = _count_reads_up_to(sel_BGTK, n)
-  cnt_BGN = csum_BGTN[:, :, -1]
+  rank_BGTK, cnt_BGN = _rank_among_readers(sel_BGTK, n)
   padded_BGN = -(-(cnt_BGN * gh) // pad) * pad
   row_end_BGN = jnp.cumsum(padded_BGN, axis=-1).astype(jnp.int32)
   row_start_BGN = row_end_BGN - padded_BGN
   used_BGTK = sel_BGTK < n
   blk_BGTK = jnp.minimum(sel_BGTK, n - 1)
-  rank_BGTK = jnp.take_along_axis(csum_BGTN, blk_BGTK, axis=3) - 1
   start_BGTK = jnp.take_along_axis(row_start_BGN[:, :, None, :], blk_BGTK, axis=3)
   entry_row_BGTK = jnp.where(used_BGTK, start_BGTK + rank_BGTK * gh, cap_rows).astype(jnp.int32)
   # Inverse map: each row's (token, head) as token * Gh + head; -1 on padding rows.

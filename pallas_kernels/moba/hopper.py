@@ -343,12 +343,14 @@ def _accumulate(acc, a, b_ref, p_smem):
 
 
 def _fwd_kernel(ids_ref, num_ref, blk_ref, steps_ref, full_ref, src_ref, seg_ref, pos_ref, q_ref,
-                k_ref, v_ref, kseg_ref, o_ref, lse_ref, scoped, *, sm_scale, block_size, block_kv,
+                k_ref, v_ref, kseg_ref, o_ref, lse_ref, *refs, sm_scale, block_size, block_kv,
                 stages, num_groups, items_per_group, grid, p_in_smem, presorted):
   """Four warpgroups per CTA: two compute warpgroups (64 rows of an item each) and the two
   streams of _streams (K/V tiles; query rows). Each CTA runs items cta, cta + grid, ... of
   the used-item list, so the streams run on across items. The output leaves through the
-  q tile."""
+  q tile. With a third output (refs = (qs_ref, scoped)), each warpgroup also stores its
+  gathered q rows there, in sorted order, for the backward kernels."""
+  qs_ref, scoped = refs if len(refs) == 2 else (None, *refs)
   bars = scoped.bars
   wg = lax.axis_index("wg")
   trips = _trips(num_ref[0], grid)
@@ -372,6 +374,8 @@ def _fwd_kernel(ids_ref, num_ref, blk_ref, steps_ref, full_ref, src_ref, seg_ref
       b, g, i, j, n, full = item
       rows = pl.ds(i * ITEM_ROWS + wg * _ROWS, _ROWS)
       keep = _masker(*_take_rows(scoped, shape), scoped.kseg)
+      if qs_ref is not None:
+        plgpu.copy_smem_to_gmem(q_tile, qs_ref.at[b, g, rows])
 
       def step_body(step, carry):
         acc, m_prev, l_prev, gstep = carry
@@ -407,6 +411,8 @@ def _fwd_kernel(ids_ref, num_ref, blk_ref, steps_ref, full_ref, src_ref, seg_ref
               plgpu.layout_cast(jnp.full((_ROWS,), _MASK, jnp.float32), row_layout),
               plgpu.layout_cast(jnp.zeros((_ROWS,), jnp.float32), row_layout), gstep)
       acc, m, l, gstep = lax.fori_loop(0, n, step_body, init)
+      if qs_ref is not None:
+        plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the q rows' store has read the tile
       q_tile[...] = (acc / lax.broadcast_in_dim(l, acc.shape, [0])).astype(q_tile.dtype)
       scoped.row_out.at[wg][...] = (m + jnp.log2(l)) / _LOG2E  # natural-log lse
       plgpu.commit_smem()
@@ -572,10 +578,14 @@ def _launch(kernel, args, out_type, *, name, layout, segment_ids_BT, block_size,
 
 def moba_forward_rows(q_BSD, layout, k_BTKD, v_BTKD, segment_ids_BT, *, block_size,
                       bs: MobaBlockSizes, interpret: bool | plgpu.InterpretGPUParams,
-                      block_kv: int = 128, stages: int = 2, num_ctas: int | None = None):
+                      block_kv: int = 128, stages: int = 2, num_ctas: int | None = None,
+                      sorted_q: bool = False):
   """Partial output [B, G, L, D] (q dtype) and natural-log lse [B, G, L] per sorted row, as
   kernels.moba_forward_rows, on a layout padded with pad_rows=ITEM_ROWS; q_BSD is q reshaped
-  to [B, T * Hq, D]; interpret as in _interpret_params. K/V tiles of block_kv keys through
+  to [B, T * Hq, D]; interpret as in _interpret_params. sorted_q: also return q's rows in
+  sorted order, [B, G, L, D] (sorted_rows(q_BSD, layout) on the rows of used items; rows of
+  unused items are not written), which the kernel has gathered anyway and the backward
+  kernels take as q_rows in place of an XLA gather. K/V tiles of block_kv keys through
   `stages` slots: the defaults (128 keys, two stages) were the fastest on the H200 at 16/16
   heads x 128 (BENCHMARKS.md), and 128 keys in three stages do not fit its shared memory at
   head_dim 128. num_ctas: persistent CTAs (default: one per SM; four in interpret mode)."""
@@ -588,7 +598,8 @@ def moba_forward_rows(q_BSD, layout, k_BTKD, v_BTKD, segment_ids_BT, *, block_si
       _fwd_kernel,
       (layout.row_src_BGL, layout.row_seg_BGL, layout.row_pos_BGL, q_BSD, k_BTKD, v_BTKD,
        segment_ids_BT.astype(jnp.int32)),
-      [jax.ShapeDtypeStruct((b, g, l, d), dt), jax.ShapeDtypeStruct((b, g, l), jnp.float32)],
+      [jax.ShapeDtypeStruct((b, g, l, d), dt), jax.ShapeDtypeStruct((b, g, l), jnp.float32)]
+      + [jax.ShapeDtypeStruct((b, g, l, d), dt)] * sorted_q,
       name="moba_fwd_hopper", layout=layout, segment_ids_BT=segment_ids_BT,
       block_size=block_size, block_kv=bkv, stages=stages, gathered=1, d=d, dt=dt, row_out=True,
       num_ctas=num_ctas, interpret=interpret)
@@ -597,21 +608,24 @@ def moba_forward_rows(q_BSD, layout, k_BTKD, v_BTKD, segment_ids_BT, *, block_si
 def moba_dq_rows(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_ids_BT, *,
                  block_size, bs: MobaBlockSizes, interpret: bool | plgpu.InterpretGPUParams,
                  block_kv: int = 64, stages: int = 3, num_ctas: int | None = None,
-                 presorted: bool = True):
+                 presorted: bool = True, q_rows=None):
   """Partial dq [B, G, L, D] (q dtype) per sorted row, as kernels.moba_dq_rows, on a layout
   padded with pad_rows=ITEM_ROWS. lse and delta are read per sorted row (gathered here, a
   few bytes per row); q and dO too with presorted (XLA gathers them into sorted order, the
   same arrays moba_dkv reads, so one gather serves both), else the kernel gathers their rows
   itself. Two operands take twice the staging and tile space of the forward, hence 64-key
-  K/V tiles (three stages fit at head_dim 128, four do not)."""
-  b, _, d = q_BSD.shape
+  K/V tiles (three stages fit at head_dim 128, four do not). q_rows: q's rows already in
+  sorted order (the forward's sorted_q output; presorted only), in place of q_BSD, which
+  may then be None."""
+  q_rows = _q_rows(q_BSD, q_rows, layout, presorted)
+  b, _, d = do_BSD.shape
   _, g, l = layout.row_src_BGL.shape
-  _check_operands(q_BSD.dtype, d, bs)
+  dt = (q_BSD if q_rows is None else q_rows).dtype
+  _check_operands(dt, d, bs)
   bkv = _check_layout(layout, block_size, block_kv)
-  dt = q_BSD.dtype
   operands = (q_BSD, do_BSD.astype(dt))
   if presorted:
-    operands = tuple(sorted_rows(x, layout) for x in operands)
+    operands = (q_rows, sorted_rows(operands[1], layout))
   [dq_BGLD] = _launch(
       _dq_kernel,
       (layout.row_src_BGL, layout.row_seg_BGL, layout.row_pos_BGL, sorted_rows(lse_BS, layout),
@@ -622,6 +636,22 @@ def moba_dq_rows(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segmen
       block_size=block_size, block_kv=bkv, stages=stages, gathered=2, d=d, dt=dt,
       num_ctas=num_ctas, interpret=interpret, presorted=presorted)
   return dq_BGLD
+
+
+def _q_rows(q_BSD, q_rows, layout, presorted=True):
+  """q's rows in sorted order for a backward kernel: q_rows as given (checked), else
+  gathered from q_BSD by XLA; None where the kernel gathers them itself (not presorted)."""
+  if q_rows is None:
+    if q_BSD is None:
+      raise ValueError("give q_BSD or q_rows")
+    return sorted_rows(q_BSD, layout) if presorted else None
+  if not presorted:
+    raise ValueError("q_rows (q in sorted order) needs presorted=True")
+  want = (*layout.row_src_BGL.shape, q_rows.shape[-1])
+  if q_rows.shape != want:
+    raise ValueError(f"q_rows must be [B, G, L, D] = {want} (the layout's sorted rows), got "
+                     f"{q_rows.shape}")
+  return q_rows
 
 
 def _dkv_kernel(ids_ref, first_ref, end_ref, seg_ref, pos_ref, lse2_ref, delta_ref, qs_ref,
@@ -752,14 +782,16 @@ def sorted_rows(x_BSX, layout):
 
 def moba_dkv(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_ids_BT, *,
              block_size, bs: MobaBlockSizes, interpret: bool | plgpu.InterpretGPUParams,
-             stages: int = 2, num_ctas: int | None = None):
+             stages: int = 2, num_ctas: int | None = None, q_rows=None):
   """dk, dv [B, T, Hkv, D] in k's dtype, as kernels.moba_dkv, on a layout padded with
   pad_rows=ITEM_ROWS (block_size a multiple of DKV_TILE). q and dO are first gathered into
-  sorted order by XLA (one pass each), so that every chunk the kernel reads is one box."""
-  b, s, d = q_BSD.shape
+  sorted order by XLA (one pass each), so that every chunk the kernel reads is one box;
+  q_rows: q's rows already in that order (as moba_dq_rows), q_BSD may then be None."""
+  q_rows = _q_rows(q_BSD, q_rows, layout)
+  b, s, d = do_BSD.shape
   _, g, l = layout.row_src_BGL.shape
   t = k_BTKD.shape[1]
-  check_supported(q_BSD.dtype, d, bs, block_size)
+  check_supported(q_rows.dtype, d, bs, block_size)
   _check_layout(layout, block_size, 64)
   gh = s // t // g
   # Chunks of the tile's block, less those holding only own-block rows before the tile.
@@ -771,7 +803,7 @@ def moba_dkv(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_id
   ids = jnp.argsort(first - end, stable=True).astype(jnp.int32)
   num_items = ids.shape[0]
   num_ctas = _grid(num_ctas, interpret)
-  dt = q_BSD.dtype
+  dt = q_rows.dtype
   transforms = _smem_transforms(dt)
   kernel = functools.partial(_dkv_kernel, sm_scale=1.0 / math.sqrt(d),
                              tiles_per_row=t // DKV_TILE, num_groups=g, num_items=num_items,
@@ -798,5 +830,5 @@ def moba_dkv(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_id
                           interpret=interpret)
   return call(ids, first, end, layout.row_seg_BGL, layout.row_pos_BGL,
               sorted_rows(lse_BS * _LOG2E, layout), sorted_rows(delta_BS, layout),
-              sorted_rows(q_BSD, layout), sorted_rows(do_BSD.astype(dt), layout),
+              q_rows, sorted_rows(do_BSD.astype(dt), layout),
               k_BTKD, v_BTKD, segment_ids_BT.astype(jnp.int32))
