@@ -85,6 +85,9 @@ def main():
   p.add_argument("--reps", type=int, default=5)
   p.add_argument("--out", default=None)
   p.add_argument("--interpret", action="store_true", help="Pallas interpret mode (CPU smoke)")
+  p.add_argument("--hlo", default=None, metavar="DIR",
+                 help="also write the compiled HLO of the step and of the gating to "
+                      "DIR/{step,gating}.hlo.txt: what each fusion of the table computes")
   args = p.parse_args()
   _, q, k, v, do, seg, budget = point_inputs(args)
   bs = parse_variant(args.variant) if args.variant else None
@@ -101,6 +104,12 @@ def main():
       q, k, seg, budget, block_size=args.block, k_max=args.k, bs=bs or MobaBlockSizes(),
       interpret=args.interpret, backend=args.backend))
   gate_kernels, _ = traced_kernel_us(gating, q, k, seg, budget, reps=args.reps)
+  if args.hlo:
+    os.makedirs(args.hlo, exist_ok=True)
+    for name, fn, fn_args in (("step", step, (q, k, v, do, seg, budget)),
+                              ("gating", gating, (q, k, seg, budget))):
+      with open(os.path.join(args.hlo, f"{name}.hlo.txt"), "w") as f:
+        f.write(fn.lower(*fn_args).compile().as_text())
   total = sum(us for us, _ in kernels.values())
   gate_total = sum(us for us, _ in gate_kernels.values())
   rows = sorted(({"kernel": name, "ms_per_step": us / args.reps / 1e3,

@@ -73,6 +73,21 @@ def test_rows_match_triton_forward(hq, hkv, block_size):
                              np.asarray(want_o, np.float32)[real_BGL], rtol=2 ** -7, atol=1e-3)
 
 
+def test_gather_rows_match_xla_gather():
+  """The Triton row gather (hopper.gather_rows, what the backward kernels read q and dO
+  through) equals XLA's gather of the same rows on every row of every used work item,
+  padding rows included; a run length that is not a whole number of chunks is an error."""
+  do_BSD, layout = (lambda a: (a[1], a[4]))(kernel_args(4, 2, 128, d=128))
+  got = np.asarray(hopper.gather_rows(do_BSD, layout, interpret=True))
+  item_used = (np.asarray(layout.chunk_block_BGC) >= 0).reshape(
+      *layout.chunk_block_BGC.shape[:2], -1, hopper.ITEM_ROWS // HOPPER.block_rows)[..., 0]
+  rows = np.repeat(item_used, hopper.ITEM_ROWS, axis=-1)
+  assert rows.sum() > 0 and (~rows).sum() > 0
+  np.testing.assert_array_equal(got[rows], np.asarray(hopper.sorted_rows(do_BSD, layout))[rows])
+  with pytest.raises(ValueError, match="run_rows"):
+    kernels.gather_rows(do_BSD, layout, run_rows=96, interpret=True)
+
+
 @pytest.mark.parametrize("hq, hkv, block_size, presorted", [(2, 1, 128, False),
                                                            (2, 2, 256, True)])
 def test_dq_rows_match_triton_dq(hq, hkv, block_size, presorted):

@@ -42,10 +42,10 @@ def _group_to_BTH(x_BGTGh, b, t, hq):
 BACKENDS = {"triton": kernels, "mosaic": hopper}
 # Rows each block's run is padded to, where a kernel set needs more than block_rows.
 _PAD_ROWS = {"mosaic": hopper.ITEM_ROWS}
-# Kernel sets whose forward also returns q's rows in sorted order (sorted_q=True), which
-# their backward kernels take (q_rows=) instead of gathering them again: the residual is
-# those rows in place of q.
-_SORTED_Q = {"mosaic"}
+# Kernel sets whose backward kernels read q and dO rows in sorted order: their forward also
+# returns q's (sorted_q=True; the residual is those rows in place of q), and the row gather
+# named here sorts dO once for both backward kernels (q_rows=, do_rows=).
+_SORTED_ROWS = {"mosaic": hopper.gather_rows}
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8, 9, 10))
@@ -64,14 +64,14 @@ def _moba_fwd(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, ok_B, sel, layout, block_s
 
 def _forward(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, ok_B, sel, layout, block_size, bs,
              interpret, backend, *, for_backward):
-  """Output and the backward's residuals (for_backward: with q's sorted rows, _SORTED_Q)."""
+  """Output and the backward's residuals (for_backward: with q's sorted rows, _SORTED_ROWS)."""
   b, t, hq, d = q_BTHD.shape
   hkv = k_BTKD.shape[2]
   gh = hq // hkv
   o_BGLD, lse_BGL, *q_rows = BACKENDS[backend].moba_forward_rows(
       q_BTHD.reshape(b, t * hq, d), layout, k_BTKD, v_BTKD, segment_ids_BT,
       block_size=block_size, bs=bs, interpret=interpret,
-      **({"sorted_q": True} if for_backward and backend in _SORTED_Q else {}))
+      **({"sorted_q": True} if for_backward and backend in _SORTED_ROWS else {}))
   used_BGTK = jnp.transpose(sel.selected_BTGK, (0, 2, 1, 3)) < t // block_size
   lse_BGTKH = jnp.where(used_BGTK[..., None], _from_entries(lse_BGL, layout, gh), -jnp.inf)
   any_BGT1H = used_BGTK.any(-1)[..., None, None]
@@ -86,7 +86,7 @@ def _forward(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, ok_B, sel, layout, block_si
   lse_BGTH = jnp.where(any_BGT1H[:, :, :, 0], mx_BGTH + jnp.log(denom_BGTH), 0.0)
   out_BTHD = _group_to_BTH(o_BGTHD, b, t, hq).astype(q_BTHD.dtype)
   lse_BTH = _group_to_BTH(lse_BGTH, b, t, hq)
-  # q itself, or (_SORTED_Q) its rows in sorted order.
+  # q itself, or (_SORTED_ROWS) its rows in sorted order.
   q_saved = q_rows[0] if q_rows else q_BTHD
   res = (q_saved, k_BTKD, v_BTKD, segment_ids_BT, sel, layout, out_BTHD, lse_BTH)
   return out_BTHD, res
@@ -101,11 +101,13 @@ def _moba_bwd(block_size, bs, interpret, backend, res, do_BTHD):
   delta_BTH = jnp.einsum("bthd,bthd->bth", out_BTHD.astype(jnp.float32),
                          do_BTHD.astype(jnp.float32))
   flat = lambda x: x.reshape(b, t * hq, *x.shape[3:])
-  if backend in _SORTED_Q:
-    q_arg, kw = None, {"q_rows": q_saved}
+  if backend in _SORTED_ROWS:
+    q_arg, do_arg = None, None
+    kw = {"q_rows": q_saved,
+          "do_rows": _SORTED_ROWS[backend](flat(do_BTHD), layout, interpret)}
   else:
-    q_arg, kw = flat(q_saved), {}
-  args = (q_arg, flat(do_BTHD), flat(lse_BTH), flat(delta_BTH), layout, k_BTKD, v_BTKD,
+    q_arg, do_arg, kw = flat(q_saved), flat(do_BTHD), {}
+  args = (q_arg, do_arg, flat(lse_BTH), flat(delta_BTH), layout, k_BTKD, v_BTKD,
           segment_ids_BT)
   dq_BGLD = BACKENDS[backend].moba_dq_rows(*args, block_size=block_size, bs=bs,
                                            interpret=interpret, **kw)

@@ -125,9 +125,14 @@ def gate_keys(k_BTKD, segment_ids_BT, *, block_size: int):
   trail_seg_BN = jnp.where(last_BN >= 0, jnp.take_along_axis(
       seg_BNP, jnp.maximum(last_BN, 0)[..., None], axis=-1)[..., 0], 0)
   in_trail_BNP = (seg_BNP == trail_seg_BN[..., None]) & (seg_BNP != 0)
-  k_BNPGD = k_BTKD.reshape(b, n, block_size, hkv, d).astype(jnp.float32)
-  ksum_BNGD = jnp.sum(jnp.where(in_trail_BNP[..., None, None], k_BNPGD, 0.0), axis=2)
-  gkey_BNGD = ksum_BNGD / jnp.maximum(in_trail_BNP.sum(-1), 1)[..., None, None]
+  # The masked sum as a 0/1 matmul over the block's positions (exact products, float32
+  # sums): XLA's GPU reduction of the same sum moved the position axis minor first, a
+  # float32 transpose of all of k (about 0.1 ms at S=32K, 16 x 128).
+  ksum_BNX = jnp.einsum("bnp,bnpx->bnx", in_trail_BNP.astype(k_BTKD.dtype),
+                        k_BTKD.reshape(b, n, block_size, hkv * d),
+                        preferred_element_type=jnp.float32,
+                        precision=_HIGHEST if k_BTKD.dtype == jnp.float32 else None)
+  gkey_BNGD = (ksum_BNX / jnp.maximum(in_trail_BNP.sum(-1), 1)[..., None]).reshape(b, n, hkv, d)
   return gkey_BNGD, trail_seg_BN.astype(jnp.int32)
 
 
@@ -284,32 +289,23 @@ def moba_coverage(q_BTHD, k_BTKD, segment_ids_BT, budget_B, *, block_size: int, 
   return jnp.where(n_B > 0, (per_token_BT * nonpad_BT).sum(-1) / jnp.maximum(n_B, 1), 1.0)
 
 
-def _rank_among_readers(sel_BGTK, n: int, chunk: int = 128) -> tuple[jax.Array, jax.Array]:
-  """(rank_BGTK, cnt_BGN): each (token, slot)'s rank among the tokens that read its block
-  (how many earlier tokens read it; meaningless on unused slots) and each block's reader count.
+def _count_reads_up_to(sel_BGTK, n: int, chunk: int = 128) -> jax.Array:
+  """[B, G, T, N] int32: how many tokens <= t read block j (inclusive cumsum over t).
 
-  Counted per chunk of tokens as a 0/1 matmul with a triangular matrix (exact: counts
-  <= chunk, in bf16 as in float32) plus a short cumsum of chunk totals, instead of a scan or
-  a sort over all T tokens. The bitmap is laid out [B, G, chunk, block, token in chunk], so
-  the matmul contracts the minor axis and no operand or result needs a transpose.
+  Computed per chunk of tokens as a lower-triangular 0/1 matmul (exact: counts
+  <= chunk in float32) plus a short cumsum of chunk totals, instead of one scan
+  over all T tokens.
   """
-  b, g, t, kmax = sel_BGTK.shape
+  b, g, t, _ = sel_BGTK.shape
   p = math.gcd(t, chunk)
-  c = t // p
-  sel_BGCPK = sel_BGTK.reshape(b, g, c, p, kmax)
-  blk_N = jnp.arange(n, dtype=jnp.int32)[:, None, None]
-  reads_BGCNP = (sel_BGCPK[:, :, :, None] == blk_N).any(axis=-1).astype(jnp.bfloat16)
-  tri_QP = (jnp.arange(p)[:, None] <= jnp.arange(p)[None, :]).astype(jnp.bfloat16)
-  upto_BGCNP = jnp.einsum("bgcnq,qp->bgcnp", reads_BGCNP, tri_QP,
-                          preferred_element_type=jnp.float32).astype(jnp.int32)
-  totals_BGCN = upto_BGCNP[..., -1]
+  reads_BGCPN = (sel_BGTK[..., None] == jnp.arange(n, dtype=jnp.int32)).any(axis=3).astype(
+      jnp.bfloat16).reshape(b, g, t // p, p, n)
+  tri_PQ = (jnp.arange(p)[:, None] >= jnp.arange(p)[None, :]).astype(jnp.bfloat16)
+  within_BGCPN = jnp.einsum("pq,bgcqn->bgcpn", tri_PQ, reads_BGCPN,
+                            preferred_element_type=jnp.float32).astype(jnp.int32)
+  totals_BGCN = within_BGCPN[:, :, :, -1]
   before_BGCN = jnp.cumsum(totals_BGCN, axis=2) - totals_BGCN
-  blk_BGCPK = jnp.minimum(sel_BGCPK, n - 1)
-  at_BGCX = (blk_BGCPK * p + jnp.arange(p, dtype=jnp.int32)[:, None]).reshape(b, g, c, p * kmax)
-  upto_BGCPK = jnp.take_along_axis(upto_BGCNP.reshape(b, g, c, n * p), at_BGCX, axis=3)
-  before_BGCPK = jnp.take_along_axis(before_BGCN, blk_BGCPK.reshape(b, g, c, p * kmax), axis=3)
-  rank_BGTK = (upto_BGCPK + before_BGCPK).reshape(b, g, t, kmax) - 1
-  return rank_BGTK, before_BGCN[:, :, -1] + totals_BGCN[:, :, -1]
+  return (within_BGCPN + before_BGCN[:, :, :, None]).reshape(b, g, t, n)
 
 
 def build_kv_layout(sel: MobaSelection, segment_ids_BT: jax.Array, *, num_blocks: int,
@@ -318,7 +314,7 @@ def build_kv_layout(sel: MobaSelection, segment_ids_BT: jax.Array, *, num_blocks
   """Transpose the selection into the KV-centric sorted-row layout the kernels read.
 
   Sort-free: a token's rank among the tokens that read block j is a count over
-  the (token, block) selection bitmap (see _rank_among_readers), a few passes over
+  the (token, block) selection bitmap (see _count_reads_up_to), a few passes over
   [T, N] instead of a sort of T * k_max keys. mark_full=False leaves chunk_full_BGC all
   zero (every chunk masked) and skips computing it: for kernels that do not skip masks.
   pad_rows (a multiple of block_rows; default block_rows): each block's run is padded to a
@@ -332,12 +328,14 @@ def build_kv_layout(sel: MobaSelection, segment_ids_BT: jax.Array, *, num_blocks
   if pad % r:
     raise ValueError(f"pad_rows={pad} must be a multiple of block_rows={r}")
   cap_rows = -(-(t * kmax * gh + n * (pad - 1)) // pad) * pad
-  rank_BGTK, cnt_BGN = _rank_among_readers(sel_BGTK, n)
+  csum_BGTN = _count_reads_up_to(sel_BGTK, n)
+  cnt_BGN = csum_BGTN[:, :, -1]
   padded_BGN = -(-(cnt_BGN * gh) // pad) * pad
   row_end_BGN = jnp.cumsum(padded_BGN, axis=-1).astype(jnp.int32)
   row_start_BGN = row_end_BGN - padded_BGN
   used_BGTK = sel_BGTK < n
   blk_BGTK = jnp.minimum(sel_BGTK, n - 1)
+  rank_BGTK = jnp.take_along_axis(csum_BGTN, blk_BGTK, axis=3) - 1
   start_BGTK = jnp.take_along_axis(row_start_BGN[:, :, None, :], blk_BGTK, axis=3)
   entry_row_BGTK = jnp.where(used_BGTK, start_BGTK + rank_BGTK * gh, cap_rows).astype(jnp.int32)
   # Inverse map: each row's (token, head) as token * Gh + head; -1 on padding rows.

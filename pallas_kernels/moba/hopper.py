@@ -39,7 +39,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from pallas_kernels.moba import gating
+from pallas_kernels.moba import gating, kernels
 from pallas_kernels.moba.kernels import _LOG2E, _MASK, MobaBlockSizes, keys_before_tile
 
 _ROWS = 64  # one warpgroup's wgmma M
@@ -608,24 +608,27 @@ def moba_forward_rows(q_BSD, layout, k_BTKD, v_BTKD, segment_ids_BT, *, block_si
 def moba_dq_rows(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_ids_BT, *,
                  block_size, bs: MobaBlockSizes, interpret: bool | plgpu.InterpretGPUParams,
                  block_kv: int = 64, stages: int = 3, num_ctas: int | None = None,
-                 presorted: bool = True, q_rows=None):
+                 presorted: bool = True, q_rows=None, do_rows=None):
   """Partial dq [B, G, L, D] (q dtype) per sorted row, as kernels.moba_dq_rows, on a layout
   padded with pad_rows=ITEM_ROWS. lse and delta are read per sorted row (gathered here, a
   few bytes per row); q and dO too with presorted (XLA gathers them into sorted order, the
   same arrays moba_dkv reads, so one gather serves both), else the kernel gathers their rows
   itself. Two operands take twice the staging and tile space of the forward, hence 64-key
-  K/V tiles (three stages fit at head_dim 128, four do not). q_rows: q's rows already in
-  sorted order (the forward's sorted_q output; presorted only), in place of q_BSD, which
-  may then be None."""
-  q_rows = _q_rows(q_BSD, q_rows, layout, presorted)
-  b, _, d = do_BSD.shape
-  _, g, l = layout.row_src_BGL.shape
+  K/V tiles (three stages fit at head_dim 128, four do not). q_rows / do_rows (presorted
+  only): q's / dO's rows already in sorted order (the forward's sorted_q output,
+  gather_rows), in place of q_BSD / do_BSD, which may then be None."""
+  b, g, l = layout.row_src_BGL.shape
   dt = (q_BSD if q_rows is None else q_rows).dtype
+  if presorted:
+    operands = (_sorted(q_BSD, q_rows, layout, interpret, "q"),
+                _sorted(do_BSD, do_rows, layout, interpret, "do").astype(dt))
+  elif q_rows is not None or do_rows is not None:
+    raise ValueError("q_rows / do_rows (rows in sorted order) need presorted=True")
+  else:
+    operands = (q_BSD, do_BSD.astype(dt))
+  d = operands[0].shape[-1]
   _check_operands(dt, d, bs)
   bkv = _check_layout(layout, block_size, block_kv)
-  operands = (q_BSD, do_BSD.astype(dt))
-  if presorted:
-    operands = (q_rows, sorted_rows(operands[1], layout))
   [dq_BGLD] = _launch(
       _dq_kernel,
       (layout.row_src_BGL, layout.row_seg_BGL, layout.row_pos_BGL, sorted_rows(lse_BS, layout),
@@ -638,20 +641,24 @@ def moba_dq_rows(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segmen
   return dq_BGLD
 
 
-def _q_rows(q_BSD, q_rows, layout, presorted=True):
-  """q's rows in sorted order for a backward kernel: q_rows as given (checked), else
-  gathered from q_BSD by XLA; None where the kernel gathers them itself (not presorted)."""
-  if q_rows is None:
-    if q_BSD is None:
-      raise ValueError("give q_BSD or q_rows")
-    return sorted_rows(q_BSD, layout) if presorted else None
-  if not presorted:
-    raise ValueError("q_rows (q in sorted order) needs presorted=True")
-  want = (*layout.row_src_BGL.shape, q_rows.shape[-1])
-  if q_rows.shape != want:
-    raise ValueError(f"q_rows must be [B, G, L, D] = {want} (the layout's sorted rows), got "
-                     f"{q_rows.shape}")
-  return q_rows
+def gather_rows(x_BSD, layout, interpret):
+  """sorted_rows(x_BSD, layout) on the rows of every used work item (those the kernels
+  read), by the Triton row-gather kernel (kernels.gather_rows)."""
+  return kernels.gather_rows(x_BSD, layout, run_rows=ITEM_ROWS, interpret=bool(interpret))
+
+
+def _sorted(x_BSD, x_rows, layout, interpret, name):
+  """An operand's rows in sorted order for a backward kernel: {name}_rows as given
+  (checked), else gathered from {name}_BSD."""
+  if x_rows is None:
+    if x_BSD is None:
+      raise ValueError(f"give {name}_BSD or {name}_rows")
+    return gather_rows(x_BSD, layout, interpret)
+  want = (*layout.row_src_BGL.shape, x_rows.shape[-1])
+  if x_rows.shape != want:
+    raise ValueError(f"{name}_rows must be [B, G, L, D] = {want} (the layout's sorted rows), "
+                     f"got {x_rows.shape}")
+  return x_rows
 
 
 def _dkv_kernel(ids_ref, first_ref, end_ref, seg_ref, pos_ref, lse2_ref, delta_ref, qs_ref,
@@ -782,14 +789,16 @@ def sorted_rows(x_BSX, layout):
 
 def moba_dkv(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_ids_BT, *,
              block_size, bs: MobaBlockSizes, interpret: bool | plgpu.InterpretGPUParams,
-             stages: int = 2, num_ctas: int | None = None, q_rows=None):
+             stages: int = 2, num_ctas: int | None = None, q_rows=None, do_rows=None):
   """dk, dv [B, T, Hkv, D] in k's dtype, as kernels.moba_dkv, on a layout padded with
   pad_rows=ITEM_ROWS (block_size a multiple of DKV_TILE). q and dO are first gathered into
-  sorted order by XLA (one pass each), so that every chunk the kernel reads is one box;
-  q_rows: q's rows already in that order (as moba_dq_rows), q_BSD may then be None."""
-  q_rows = _q_rows(q_BSD, q_rows, layout)
-  b, s, d = do_BSD.shape
-  _, g, l = layout.row_src_BGL.shape
+  sorted order (gather_rows), so that every chunk the kernel reads is one box; q_rows /
+  do_rows: their rows already in that order (as moba_dq_rows)."""
+  q_rows = _sorted(q_BSD, q_rows, layout, interpret, "q")
+  do_rows = _sorted(do_BSD, do_rows, layout, interpret, "do")
+  b, g, l = layout.row_src_BGL.shape
+  d = q_rows.shape[-1]
+  s = lse_BS.shape[1]
   t = k_BTKD.shape[1]
   check_supported(q_rows.dtype, d, bs, block_size)
   _check_layout(layout, block_size, 64)
@@ -830,5 +839,5 @@ def moba_dkv(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_id
                           interpret=interpret)
   return call(ids, first, end, layout.row_seg_BGL, layout.row_pos_BGL,
               sorted_rows(lse_BS * _LOG2E, layout), sorted_rows(delta_BS, layout),
-              q_rows, sorted_rows(do_BSD.astype(dt), layout),
+              q_rows, do_rows.astype(dt),
               k_BTKD, v_BTKD, segment_ids_BT.astype(jnp.int32))
