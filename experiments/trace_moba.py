@@ -59,6 +59,44 @@ def device_kernel_times(trace: dict) -> tuple[dict[str, tuple[float, int]], dict
   return {k: (v[0], v[1]) for k, v in kernels.items()}, dict(per_thread)
 
 
+def step_spans(trace: dict, reps: int) -> tuple[float, float]:
+  """(span, idle) in microseconds per step, averaged over `reps` steps traced one after the
+  other: span from a step's first kernel start to its last kernel end on the GPU's stream
+  threads, idle = the part of it no kernel ran (the GPU waiting for launches). Steps are
+  told apart by the reps - 1 longest gaps between kernels (the host's wait for each step)."""
+  events = trace["traceEvents"]
+  gpu_pids = {e["pid"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"
+              and str(e["args"].get("name", "")).startswith("/device:GPU")}
+  streams = {(e["pid"], e["tid"]) for e in events if e.get("ph") == "M"
+             and e.get("name") == "thread_name" and e["pid"] in gpu_pids
+             and str(e["args"].get("name", "")).startswith("Stream")}
+  spans = sorted((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0))) for e in events
+                 if e.get("ph") == "X" and (e.get("pid"), e.get("tid")) in streams)
+  if len(spans) < reps:
+    raise ValueError(f"{len(spans)} kernels on the GPU's streams cannot make {reps} steps")
+  # Gap before kernel i: from the latest end so far (kernels of two streams may overlap).
+  ends, gaps = spans[0][1], []
+  for i in range(1, len(spans)):
+    gaps.append((spans[i][0] - ends, i))
+    ends = max(ends, spans[i][1])
+  cuts = sorted(i for _, i in sorted(gaps, reverse=True)[:reps - 1])
+  span = idle = 0.0
+  for lo, hi in zip([0] + cuts, cuts + [len(spans)]):
+    step = spans[lo:hi]
+    end = max(e for _, e in step)
+    busy, cur_start, cur_end = 0.0, step[0][0], step[0][1]
+    for a, b in step[1:]:
+      if a > cur_end:
+        busy += cur_end - cur_start
+        cur_start, cur_end = a, b
+      else:
+        cur_end = max(cur_end, b)
+    busy += cur_end - cur_start
+    span += end - step[0][0]
+    idle += end - step[0][0] - busy
+  return span / reps, idle / reps
+
+
 def load_trace(log_dir: str) -> dict:
   paths = glob.glob(os.path.join(log_dir, "plugins", "profile", "*", "*.trace.json.gz"))
   if len(paths) != 1:
@@ -68,13 +106,15 @@ def load_trace(log_dir: str) -> dict:
 
 
 def traced_kernel_us(fn, *args, reps: int):
-  """device_kernel_times of reps calls of fn(*args) after one warm-up call, and per thread."""
+  """device_kernel_times of reps calls of fn(*args) after one warm-up call (per kernel, per
+  thread), and their step_spans."""
   jax.block_until_ready(fn(*args))
   with tempfile.TemporaryDirectory() as log_dir:
     with jax.profiler.trace(log_dir):
       for _ in range(reps):
         jax.block_until_ready(fn(*args))
-    return device_kernel_times(load_trace(log_dir))
+    trace = load_trace(log_dir)
+    return (*device_kernel_times(trace), step_spans(trace, reps))
 
 
 def main():
@@ -99,11 +139,13 @@ def main():
   step = jax.jit(jax.grad(lambda q, k, v, do, seg, budget: jnp.sum(
       attend(q, k, v, seg, budget).astype(jnp.float32) * do.astype(jnp.float32)),
       argnums=(0, 1, 2)))
-  kernels, per_thread = traced_kernel_us(step, q, k, v, do, seg, budget, reps=args.reps)
+  kernels, per_thread, (span, idle) = traced_kernel_us(step, q, k, v, do, seg, budget,
+                                                       reps=args.reps)
   gating = jax.jit(lambda q, k, seg, budget: step_gating(
       q, k, seg, budget, block_size=args.block, k_max=args.k, bs=bs or MobaBlockSizes(),
       interpret=args.interpret, backend=args.backend))
-  gate_kernels, _ = traced_kernel_us(gating, q, k, seg, budget, reps=args.reps)
+  gate_kernels, _, (gate_span, gate_idle) = traced_kernel_us(gating, q, k, seg, budget,
+                                                            reps=args.reps)
   if args.hlo:
     os.makedirs(args.hlo, exist_ok=True)
     for name, fn, fn_args in (("step", step, (q, k, v, do, seg, budget)),
@@ -119,6 +161,8 @@ def main():
             "variant": args.variant, "backend": args.backend, "reps": args.reps,
             "device": jax.devices()[0].device_kind,
             "kernel_ms_per_step": total / args.reps / 1e3, "rows": rows,
+            "step_span_ms": span / 1e3, "step_idle_ms": idle / 1e3,
+            "gating_span_ms": gate_span / 1e3, "gating_idle_ms": gate_idle / 1e3,
             "gating_kernel_ms": gate_total / args.reps / 1e3, "gating_share": gate_total / total,
             "gating_rows": {n: us / args.reps / 1e3 for n, (us, _) in gate_kernels.items()},
             "thread_ms_per_step": {t: us / args.reps / 1e3 for t, us in per_thread.items()}}
@@ -128,6 +172,9 @@ def main():
   print(f"{args.heads} S={args.seq} block {args.block} k={args.k}: kernels "
         f"{result['kernel_ms_per_step']:.3f} ms per fwd+bwd step; gating alone "
         f"{result['gating_kernel_ms']:.3f} ms ({100 * result['gating_share']:.1f}%)")
+  print(f"  GPU span per step {span / 1e3:.3f} ms, of it idle (waiting for launches) "
+        f"{idle / 1e3:.3f} ms; gating alone: span {gate_span / 1e3:.3f}, idle "
+        f"{gate_idle / 1e3:.3f} ms")
   for r in rows:
     print(f"  {r['ms_per_step']:7.3f} ms {100 * r['share']:5.1f}%  x{r['launches_per_step']:g}  "
           f"{r['kernel'][:90]}")

@@ -2,7 +2,7 @@
 
 import pytest
 
-from experiments.trace_moba import device_kernel_times
+from experiments.trace_moba import device_kernel_times, step_spans
 
 
 def _meta(pid, name, tid=None):
@@ -13,8 +13,8 @@ def _meta(pid, name, tid=None):
   return e
 
 
-def _x(pid, tid, name, dur):
-  return {"ph": "X", "pid": pid, "tid": tid, "ts": 0.0, "dur": dur, "name": name}
+def _x(pid, tid, name, dur, ts=0.0):
+  return {"ph": "X", "pid": pid, "tid": tid, "ts": ts, "dur": dur, "name": name}
 
 
 def test_sums_stream_kernels_only():
@@ -35,3 +35,18 @@ def test_sums_stream_kernels_only():
 def test_no_gpu_process_is_an_error():
   with pytest.raises(ValueError, match="no /device:GPU"):
     device_kernel_times({"traceEvents": [_meta(1, "/host:CPU"), _x(1, 1, "f", 1.0)]})
+
+
+def test_step_spans_split_steps_at_the_longest_gaps():
+  """Two steps 1000 us apart: the first runs kernels at 0-10, 12-20 (2 idle) and, on a second
+  stream, 15-30 (overlapping: no idle); the second at 1030-1040 and 1045-1050 (5 idle)."""
+  gpu = [_meta(2, "/device:GPU:0"), _meta(2, "Stream #14(Compute)", tid=14),
+         _meta(2, "Stream #15(Compute)", tid=15), _meta(2, "XLA Ops", tid=99)]
+  kernels = [(14, 0, 10), (14, 12, 8), (15, 15, 15), (14, 1030, 10), (14, 1045, 5),
+             (99, 100, 500)]  # derived line: ignored
+  trace = {"traceEvents": gpu + [_x(2, tid, "k", dur, ts) for tid, ts, dur in kernels]}
+  span, idle = step_spans(trace, reps=2)
+  assert span == pytest.approx((30 + 20) / 2)
+  assert idle == pytest.approx((2 + 5) / 2)
+  with pytest.raises(ValueError, match="cannot make"):
+    step_spans(trace, reps=9)
