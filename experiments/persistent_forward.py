@@ -119,7 +119,12 @@ def main():
           q_flat, do_flat, lse, delta, lay, k, v, seg, block_size=block, bs=base,
           interpret=False, stages=stages)),
       lambda _: triton_dkv(lay), dq_operands, rows=(False, False))
-  # What the dk/dv kernel's input costs: q and dO gathered into sorted order by XLA.
+  # What the backward kernels' inputs cost: q and dO put into sorted order by the Triton row
+  # gather the kernels call (gather_rows; in a step the forward stores q's), and by XLA.
+  record(kernel="gather q, dO", block_k=0, ms=timeit(jax.jit(
+      lambda q_flat, do_flat: (hopper.gather_rows(q_flat, lay, False),
+                               hopper.gather_rows(do_flat, lay, False))),
+      *dq_operands[:2], reps=args.reps))
   record(kernel="xla sort q, dO", block_k=0, ms=timeit(jax.jit(
       lambda q_flat, do_flat: (hopper.sorted_rows(q_flat, lay), hopper.sorted_rows(do_flat, lay))),
       *dq_operands[:2], reps=args.reps))

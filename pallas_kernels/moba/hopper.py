@@ -14,13 +14,15 @@ attention.py does not change. What differs:
   warpgroup streams the K/V tiles (`stages` slots) straight on from item to item; a fourth
   warpgroup brings the item's q (dq: and dO) rows into a plain staging buffer - gathered
   row by row by TMA after their ids (the swizzled wgmma tiles take no single-row copies), or
-  one box per half when XLA has put them in sorted order (dq's presorted) - and each
-  compute warpgroup moves its half into its swizzled tiles. Items that attend every pair of
+  one box per half when they come in sorted order (dq's presorted) - and each compute
+  warpgroup moves its half into its swizzled tiles. The forward can store the q rows it
+  gathered, in sorted order (sorted_q), for the backward. Items that attend every pair of
   their block run without the mask (forward); own-block items stop after their last query's
   key tile.
 * dk/dv: items of DKV_TILE = 128 keys, one 64-key half per compute warpgroup, holding dK and
-  dV in registers over the 64-row chunks of the block's run (q, dO presorted by XLA, so a
-  chunk is one box), longest items first.
+  dV in registers over the 64-row chunks of the block's run (q and dO in sorted order - q's
+  rows from the forward, dO's from a Triton row-gather kernel, gather_rows - so a chunk is
+  one box), longest items first.
 
 bf16 only (wgmma's 16-bit path); float32 inputs stay on the Triton kernels. In interpret mode
 (CPU tests) P and dS go through shared memory, the one wgmma operand form the interpreter
@@ -585,7 +587,7 @@ def moba_forward_rows(q_BSD, layout, k_BTKD, v_BTKD, segment_ids_BT, *, block_si
   to [B, T * Hq, D]; interpret as in _interpret_params. sorted_q: also return q's rows in
   sorted order, [B, G, L, D] (sorted_rows(q_BSD, layout) on the rows of used items; rows of
   unused items are not written), which the kernel has gathered anyway and the backward
-  kernels take as q_rows in place of an XLA gather. K/V tiles of block_kv keys through
+  kernels take as q_rows in place of a second gather. K/V tiles of block_kv keys through
   `stages` slots: the defaults (128 keys, two stages) were the fastest on the H200 at 16/16
   heads x 128 (BENCHMARKS.md), and 128 keys in three stages do not fit its shared memory at
   head_dim 128. num_ctas: persistent CTAs (default: one per SM; four in interpret mode)."""
@@ -611,21 +613,21 @@ def moba_dq_rows(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segmen
                  presorted: bool = True, q_rows=None, do_rows=None):
   """Partial dq [B, G, L, D] (q dtype) per sorted row, as kernels.moba_dq_rows, on a layout
   padded with pad_rows=ITEM_ROWS. lse and delta are read per sorted row (gathered here, a
-  few bytes per row); q and dO too with presorted (XLA gathers them into sorted order, the
-  same arrays moba_dkv reads, so one gather serves both), else the kernel gathers their rows
+  few bytes per row); q and dO too with presorted (in sorted order, gather_rows, the same
+  arrays moba_dkv reads, so one gather serves both), else the kernel gathers their rows
   itself. Two operands take twice the staging and tile space of the forward, hence 64-key
   K/V tiles (three stages fit at head_dim 128, four do not). q_rows / do_rows (presorted
   only): q's / dO's rows already in sorted order (the forward's sorted_q output,
   gather_rows), in place of q_BSD / do_BSD, which may then be None."""
   b, g, l = layout.row_src_BGL.shape
-  dt = (q_BSD if q_rows is None else q_rows).dtype
   if presorted:
-    operands = (_sorted(q_BSD, q_rows, layout, interpret, "q"),
-                _sorted(do_BSD, do_rows, layout, interpret, "do").astype(dt))
+    q = _sorted(q_BSD, q_rows, layout, interpret, "q")
+    operands = (q, _sorted(do_BSD, do_rows, layout, interpret, "do").astype(q.dtype))
   elif q_rows is not None or do_rows is not None:
     raise ValueError("q_rows / do_rows (rows in sorted order) need presorted=True")
   else:
-    operands = (q_BSD, do_BSD.astype(dt))
+    operands = (q_BSD, do_BSD.astype(q_BSD.dtype))
+  dt = operands[0].dtype
   d = operands[0].shape[-1]
   _check_operands(dt, d, bs)
   bkv = _check_layout(layout, block_size, block_kv)

@@ -340,9 +340,9 @@ def _gather_kernel(cb_ref, src_ref, x_ref, o_ref):
 def gather_rows(x_BSD, layout, *, run_rows: int, interpret: bool) -> jax.Array:
   """[B, T * Hq, D] -> [B, G, L, D]: each sorted row's value (padding rows: row 0's), as
   hopper.sorted_rows, for the rows of every run of `run_rows` rows whose first chunk is
-  used; the rows of other runs are not written. One program per run, its rows loaded by
-  16-byte vectors: XLA's gather of the same rows moves about half the bytes per second on
-  the H200 (0.26 ms for dO at S=32K, 16 x 128, top-3)."""
+  used; the rows of other runs are not written. One program per run. On the H200 (dO at
+  S=32K, 16 x 128, top-3) it takes 0.205 ms, about 3.9 TB/s of reads and writes, where XLA's
+  gather of the same rows took 0.262 ms."""
   b, _, d = x_BSD.shape
   _, g, l = layout.row_src_BGL.shape
   c = layout.chunk_block_BGC.shape[-1]
