@@ -305,6 +305,10 @@ def main():
     with open(args.out, "w") as f:
       json.dump(dict(device=jax.devices()[0].device_kind, rows=rows), f, indent=1)
 
+  # What one synchronised call costs with no work in it (dispatch, launch, the wait for the
+  # result): every time below carries it once.
+  one = jnp.zeros((1,), jnp.float32)
+  rows.append(dict(kind="floor", ms=timeit(jax.jit(lambda x: x + 1), one, reps=args.reps)))
   for name in args.heads:
     hq, hkv, d = HEADS[name]
     for t in args.seqs:
@@ -351,6 +355,9 @@ def main():
     print(f"cudnn {c['heads']:6s} {c['seq']:6d} fwd {c['fwd_ms']:.3f} ms "
           f"({c['fwd_tflops']:.0f} TF/s)"
           f" fwd+bwd {c['fwdbwd_ms']:.3f} ms ({c['fwdbwd_tflops']:.0f} TF/s)")
+  for r in rows:
+    if r["kind"] == "floor":
+      print(f"floor: one synchronised call of a jitted x + 1 takes {r['ms']:.3f} ms")
   sweeps = {}
   for r in rows:
     if r["kind"] == "sweep":

@@ -97,6 +97,21 @@ def step_spans(trace: dict, reps: int) -> tuple[float, float]:
   return span / reps, idle / reps
 
 
+def host_event_times(trace: dict, top: int) -> list[tuple[str, float, int]]:
+  """The `top` host-side event names by total microseconds: (name, total, count) over the
+  processes that are not GPUs (where a call's dispatch and launch time goes)."""
+  events = trace["traceEvents"]
+  gpu_pids = {e["pid"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"
+              and str(e["args"].get("name", "")).startswith("/device:GPU")}
+  totals: dict[str, list] = collections.defaultdict(lambda: [0.0, 0])
+  for e in events:
+    if e.get("ph") == "X" and e.get("pid") not in gpu_pids:
+      totals[e["name"]][0] += float(e.get("dur", 0.0))
+      totals[e["name"]][1] += 1
+  ranked = sorted(totals.items(), key=lambda kv: -kv[1][0])[:top]
+  return [(name, us, n) for name, (us, n) in ranked]
+
+
 def load_trace(log_dir: str) -> dict:
   paths = glob.glob(os.path.join(log_dir, "plugins", "profile", "*", "*.trace.json.gz"))
   if len(paths) != 1:
@@ -114,7 +129,7 @@ def traced_kernel_us(fn, *args, reps: int):
       for _ in range(reps):
         jax.block_until_ready(fn(*args))
     trace = load_trace(log_dir)
-    return (*device_kernel_times(trace), step_spans(trace, reps))
+    return (*device_kernel_times(trace), step_spans(trace, reps), host_event_times(trace, 15))
 
 
 def main():
@@ -139,13 +154,13 @@ def main():
   step = jax.jit(jax.grad(lambda q, k, v, do, seg, budget: jnp.sum(
       attend(q, k, v, seg, budget).astype(jnp.float32) * do.astype(jnp.float32)),
       argnums=(0, 1, 2)))
-  kernels, per_thread, (span, idle) = traced_kernel_us(step, q, k, v, do, seg, budget,
-                                                       reps=args.reps)
+  kernels, per_thread, (span, idle), host = traced_kernel_us(step, q, k, v, do, seg, budget,
+                                                             reps=args.reps)
   gating = jax.jit(lambda q, k, seg, budget: step_gating(
       q, k, seg, budget, block_size=args.block, k_max=args.k, bs=bs or MobaBlockSizes(),
       interpret=args.interpret, backend=args.backend))
-  gate_kernels, _, (gate_span, gate_idle) = traced_kernel_us(gating, q, k, seg, budget,
-                                                            reps=args.reps)
+  gate_kernels, _, (gate_span, gate_idle), gate_host = traced_kernel_us(
+      gating, q, k, seg, budget, reps=args.reps)
   if args.hlo:
     os.makedirs(args.hlo, exist_ok=True)
     for name, fn, fn_args in (("step", step, (q, k, v, do, seg, budget)),
@@ -163,6 +178,10 @@ def main():
             "kernel_ms_per_step": total / args.reps / 1e3, "rows": rows,
             "step_span_ms": span / 1e3, "step_idle_ms": idle / 1e3,
             "gating_span_ms": gate_span / 1e3, "gating_idle_ms": gate_idle / 1e3,
+            "host_events_ms_per_step": [(n, us / args.reps / 1e3, c / args.reps)
+                                        for n, us, c in host],
+            "gating_host_events_ms_per_step": [(n, us / args.reps / 1e3, c / args.reps)
+                                               for n, us, c in gate_host],
             "gating_kernel_ms": gate_total / args.reps / 1e3, "gating_share": gate_total / total,
             "gating_rows": {n: us / args.reps / 1e3 for n, (us, _) in gate_kernels.items()},
             "thread_ms_per_step": {t: us / args.reps / 1e3 for t, us in per_thread.items()}}
@@ -178,6 +197,11 @@ def main():
   for r in rows:
     print(f"  {r['ms_per_step']:7.3f} ms {100 * r['share']:5.1f}%  x{r['launches_per_step']:g}  "
           f"{r['kernel'][:90]}")
+  for title, events in (("step", result["host_events_ms_per_step"]),
+                        ("gating alone", result["gating_host_events_ms_per_step"])):
+    print(f"host events per {title} call (ms, count):")
+    for name, ms, count in events:
+      print(f"  {ms:7.3f}  x{count:g}  {name[:90]}")
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 import pytest
 
-from experiments.trace_moba import device_kernel_times, step_spans
+from experiments.trace_moba import device_kernel_times, host_event_times, step_spans
 
 
 def _meta(pid, name, tid=None):
@@ -50,3 +50,13 @@ def test_step_spans_split_steps_at_the_longest_gaps():
   assert idle == pytest.approx((2 + 5) / 2)
   with pytest.raises(ValueError, match="cannot make"):
     step_spans(trace, reps=9)
+
+
+def test_host_events_rank_the_non_gpu_processes():
+  trace = {"traceEvents": [
+      _meta(1, "/host:CPU"), _meta(1, "python", tid=1), _meta(2, "/device:GPU:0"),
+      _meta(2, "Stream #14(Compute)", tid=14),
+      _x(1, 1, "PjitFunction(step)", 50.0), _x(1, 1, "Execute", 30.0), _x(1, 1, "Execute", 40.0),
+      _x(2, 14, "moba_fwd", 900.0)]}  # a GPU kernel: not host time
+  assert host_event_times(trace, top=5) == [("Execute", 70.0, 2), ("PjitFunction(step)", 50.0, 1)]
+  assert host_event_times(trace, top=1) == [("Execute", 70.0, 2)]
