@@ -4,7 +4,7 @@ attention shape, for several key tiles and pipeline depths; every configuration'
 checked against the Triton kernel's with the same key tile first. GPU only.
 
     python experiments/persistent_forward.py --heads h128 --block 512 --k 3 \\
-        --configs 128,2 64,2 --dq-configs 64,2,1 64,2,0 --dkv-configs 2,2 4,1 \\
+        --configs 128,2 64,2 --dq-configs 64,2,1 64,2,0 --dkv-stages 2 3 \\
         --out /tmp/persistent.json
 """
 
@@ -33,8 +33,8 @@ def main():
                  help="block_kv,stages of the persistent forward")
   p.add_argument("--dq-configs", nargs="*", default=["64,2,1", "64,2,0"],
                  help="block_kv,stages,presorted of the persistent dq kernel")
-  p.add_argument("--dkv-configs", nargs="*", default=["2,2", "3,1", "4,1"],
-                 help="stages,kv_buffers of the dk/dv kernel (chunk slots, K/V tile buffers)")
+  p.add_argument("--dkv-stages", nargs="*", type=int, default=[2, 3],
+                 help="chunk pipeline depths of the dk/dv kernel")
   p.add_argument("--reps", type=int, default=10)
   p.add_argument("--out", required=True)
   args = p.parse_args()
@@ -114,10 +114,10 @@ def main():
   record(kernel="triton dkv", block_k=base.block_k_dkv,
          ms=timeit(triton_dkv(layout(None)), *dq_operands, reps=args.reps))
   mosaic_rows(
-      "mosaic dkv", [f"{hopper.DKV_TILE},{cfg}" for cfg in args.dkv_configs],
-      lambda _, stages, kv_buffers: jax.jit(lambda q_flat, do_flat, lse, delta, k, v: (
-          hopper.moba_dkv(q_flat, do_flat, lse, delta, lay, k, v, seg, block_size=block,
-                          bs=base, interpret=False, stages=stages, kv_buffers=kv_buffers))),
+      "mosaic dkv", [f"{hopper.DKV_TILE},{n}" for n in args.dkv_stages],
+      lambda _, stages: jax.jit(lambda q_flat, do_flat, lse, delta, k, v: hopper.moba_dkv(
+          q_flat, do_flat, lse, delta, lay, k, v, seg, block_size=block, bs=base,
+          interpret=False, stages=stages)),
       lambda _: triton_dkv(lay), dq_operands, rows=(False, False))
   # What the backward kernels' inputs cost: q and dO put into sorted order by the Triton row
   # gather the kernels call (gather_rows; in a step the forward stores q's), and by XLA.

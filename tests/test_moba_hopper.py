@@ -5,7 +5,6 @@ checks; their shared memory for an H200, lowered ahead of time; a GPU-marked che
 compiled kernels on an H200."""
 
 import dataclasses
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -117,19 +116,18 @@ def test_dq_rows_match_triton_dq(hq, hkv, block_size, presorted):
   assert rel_err(got, want) < 2 ** -8
 
 
-@pytest.mark.parametrize("hq, hkv, block_size, d, stages, kv_buffers", [
-    (2, 1, 128, 64, 2, 2), (4, 2, 256, 64, 3, 1), (2, 2, 128, 128, 2, 2)])
-def test_dkv_match_triton_dkv(hq, hkv, block_size, d, stages, kv_buffers):
+@pytest.mark.parametrize("hq, hkv, block_size, d", [(2, 1, 128, 64), (4, 2, 256, 64),
+                                                    (2, 2, 128, 128)])
+def test_dkv_match_triton_dkv(hq, hkv, block_size, d):
   """dk and dv equal the Triton dk/dv kernel's, given the same lse and delta, on fresh inputs
-  with packed documents and ragged budgets, at head_dim 64 and 128, with one K/V buffer or
-  two; more key tiles than persistent CTAs, several chunks per tile; the interpreter's race
-  detector watches the run."""
+  with packed documents and ragged budgets, at head_dim 64 and 128; more key tiles than
+  persistent CTAs, several chunks per tile; the interpreter's race detector watches the
+  run."""
   from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks
   from jax.experimental.pallas import mosaic_gpu as plgpu
   args = kernel_args(hq, hkv, block_size, d)
   want = kernels.moba_dkv(*args, block_size=block_size, bs=HOPPER, interpret=True)
-  got = hopper.moba_dkv(*args, block_size=block_size, bs=HOPPER, num_ctas=3, stages=stages,
-                        kv_buffers=kv_buffers,
+  got = hopper.moba_dkv(*args, block_size=block_size, bs=HOPPER, num_ctas=3,
                         interpret=plgpu.InterpretGPUParams(detect_races=True))
   jax.block_until_ready(got)
   assert not gpu_callbacks.get_races().races_found
@@ -234,13 +232,11 @@ def test_gpu_compiled_mosaic_kernels_match_reference():
     ("dq", 16, 16, 128, 512, 2, True), ("dq", 16, 16, 128, 512, 3, True),
     ("dq", 16, 16, 128, 512, 4, False),
     ("dkv", 16, 16, 128, 512, 2, True), ("dkv", 14, 2, 64, 256, 2, True),
-    ("dkv", 16, 16, 128, 512, 3, False),
-    ("dkv1", 16, 16, 128, 512, 4, True), ("dkv1", 16, 16, 128, 512, 5, False)])
+    ("dkv", 16, 16, 128, 512, 3, False)])
 def test_kernels_fit_h200_shared_memory(kernel, hq, hkv, d, block_size, stages, fits):
   """Lowered ahead of time for an H200 on the CPU (Mosaic GPU sizes shared memory while
   lowering): each kernel's default configuration fits at the headline shapes; one more
-  pipeline stage at head_dim 128 does not (dq: two more). dkv1: dk/dv with one K/V buffer,
-  which leaves room for four chunk stages."""
+  pipeline stage at head_dim 128 does not (dq: two more)."""
   from jax.sharding import AbstractMesh
   from experiments.triton_ir import H200
   from pallas_kernels.moba.attention import _fused_gate
@@ -257,8 +253,7 @@ def test_kernels_fit_h200_shared_memory(kernel, hq, hkv, d, block_size, stages, 
     if kernel == "fwd":
       return hopper.moba_forward_rows(flat(q), layout, k, v, seg, **common)
     lse = jnp.zeros((1, t, hq), jnp.float32)
-    fn = {"dq": hopper.moba_dq_rows, "dkv": hopper.moba_dkv,
-          "dkv1": functools.partial(hopper.moba_dkv, kv_buffers=1)}[kernel]
+    fn = hopper.moba_dq_rows if kernel == "dq" else hopper.moba_dkv
     return fn(flat(q), flat(do), flat(lse), flat(lse), layout, k, v, seg, **common)
 
   args = (shape(hq), shape(hkv), shape(hkv), shape(hq), jax.ShapeDtypeStruct((1, t), jnp.int32),

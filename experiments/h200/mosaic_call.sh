@@ -10,13 +10,13 @@ OUT=${OUT:?set OUT to a writable directory}
 export PYTHONUNBUFFERED=1
 CONFIGS=${CONFIGS:-"128,2"}
 DQ_CONFIGS=${DQ_CONFIGS:-"64,3,1 64,2,1 64,3,0"}
-DKV_CONFIGS=${DKV_CONFIGS:-"2,2"}
+DKV_STAGES=${DKV_STAGES:-"2"}
 if [ "${FULL:-0}" = 1 ]; then TESTS=(tests --ignore=tests/test_notebook.py); else
   TESTS=(tests/test_moba_hopper.py); fi
 timeout 200 python3 -m pytest "${TESTS[@]}" -m gpu -p no:cacheprovider > "$OUT/pytest.txt" 2>&1
 echo "pytest -m gpu: exit $? ($(grep -E 'passed|failed|error' "$OUT/pytest.txt" | tail -1))"
 timeout 150 python3 experiments/persistent_forward.py --configs $CONFIGS --dq-configs $DQ_CONFIGS \
-    --dkv-configs $DKV_CONFIGS \
+    --dkv-stages $DKV_STAGES \
     --out "$OUT/alone.json" > "$OUT/alone.log" 2>&1
 echo "alone: exit $?"; grep -A20 "^kernel " "$OUT/alone.log"
 timeout 240 python3 experiments/bench_kernel.py --backends triton mosaic \

@@ -665,19 +665,19 @@ def _sorted(x_BSD, x_rows, layout, interpret, name):
 
 def _dkv_kernel(ids_ref, first_ref, end_ref, seg_ref, pos_ref, lse2_ref, delta_ref, qs_ref,
                 dos_ref, k_ref, v_ref, kseg_ref, dk_ref, dv_ref, scoped, *, sm_scale,
-                tiles_per_row, num_groups, num_items, grid, stages, kv_buffers, p_in_smem):
+                tiles_per_row, num_groups, num_items, grid, stages, p_in_smem):
   """dk/dv per key tile of DKV_TILE keys: each compute warpgroup holds dK, dV of its 64 keys
   in registers over the 64-row chunks of the tile's block (q and dO rows already in sorted
   order, so each chunk is one TMA box), computing S^T = K q^T and dP^T = V dO^T, then
   dV += P^T dO and dK += dS^T q with P^T and dS^T from registers; the two warpgroups share
   each chunk and take turns on the tensor cores. A producer warpgroup streams the tiles'
-  K/V (kv_buffers: with two, the next tile's load overlaps this one's chunks) and the chunks
+  K/V (two buffers, so the next tile's load overlaps this one's chunks) and the chunks
   (`stages` slots: q, dO and the rows' lse, delta, segment and position). dK and dV leave
   through the warpgroup's half of the K/V buffer. Persistent: CTA c runs items c, c + grid,
   ... of ids (tiles ordered by decreasing work outside)."""
   q_smem, do_smem, rowf_smem, rowi_smem, k_smem, v_smem, p_smem, bars = scoped
   kv_bar, kv_free, chunk_bar, chunk_free, sched = bars
-  frees = _slots(kv_free, kv_buffers) + _slots(chunk_free, stages)
+  frees = _slots(kv_free, 2) + _slots(chunk_free, stages)
   wg = lax.axis_index("wg")
   cta = lax.axis_index("cta")
   trips = _trips(num_items, grid)
@@ -694,7 +694,7 @@ def _dkv_kernel(ids_ref, first_ref, end_ref, seg_ref, pos_ref, lse2_ref, delta_r
 
     def item_body(s, cstep):
       b, g, n, first, end = item_at(s)
-      buf = lax.rem(s, kv_buffers)
+      buf = lax.rem(s, 2)
       keys = (b, pl.ds(n * DKV_TILE, DKV_TILE), g)
       plgpu.barrier_wait(kv_free.at[buf])
       plgpu.copy_gmem_to_smem(k_ref.at[keys], k_smem.at[buf], kv_bar.at[buf])
@@ -728,7 +728,7 @@ def _dkv_kernel(ids_ref, first_ref, end_ref, seg_ref, pos_ref, lse2_ref, delta_r
 
     def item_body(s, cstep):
       b, g, n, first, end = item_at(s)
-      buf = lax.rem(s, kv_buffers)
+      buf = lax.rem(s, 2)
       kstart = n * DKV_TILE + wg * _ROWS
       kseg_KR = _per_row(kseg_ref.at[b, pl.ds(kstart, _ROWS)], shape)
       kpos_KR = kstart + plgpu.broadcasted_iota(jnp.int32, shape, 0, layout=plgpu.Layout.WGMMA)
@@ -791,16 +791,11 @@ def sorted_rows(x_BSX, layout):
 
 def moba_dkv(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_ids_BT, *,
              block_size, bs: MobaBlockSizes, interpret: bool | plgpu.InterpretGPUParams,
-             stages: int = 2, kv_buffers: int = 2, num_ctas: int | None = None, q_rows=None,
-             do_rows=None):
+             stages: int = 2, num_ctas: int | None = None, q_rows=None, do_rows=None):
   """dk, dv [B, T, Hkv, D] in k's dtype, as kernels.moba_dkv, on a layout padded with
   pad_rows=ITEM_ROWS (block_size a multiple of DKV_TILE). q and dO are first gathered into
   sorted order (gather_rows), so that every chunk the kernel reads is one box; q_rows /
-  do_rows: their rows already in that order (as moba_dq_rows). stages: chunk slots;
-  kv_buffers: K/V tile buffers (1 or 2; at head_dim 128 two buffers leave room for two
-  stages, one buffer for four)."""
-  if kv_buffers not in (1, 2):
-    raise ValueError(f"kv_buffers={kv_buffers} must be 1 or 2")
+  do_rows: their rows already in that order (as moba_dq_rows)."""
   q_rows = _sorted(q_BSD, q_rows, layout, interpret, "q")
   do_rows = _sorted(do_BSD, do_rows, layout, interpret, "do")
   b, g, l = layout.row_src_BGL.shape
@@ -823,19 +818,18 @@ def moba_dkv(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_id
   transforms = _smem_transforms(dt)
   kernel = functools.partial(_dkv_kernel, sm_scale=1.0 / math.sqrt(d),
                              tiles_per_row=t // DKV_TILE, num_groups=g, num_items=num_items,
-                             grid=num_ctas, stages=stages, kv_buffers=kv_buffers,
-                             p_in_smem=bool(interpret))
+                             grid=num_ctas, stages=stages, p_in_smem=bool(interpret))
 
   def entry(*refs):
     scratch = [plgpu.SMEM((stages, _ROWS, d), dt, transforms=transforms),
                plgpu.SMEM((stages, _ROWS, d), dt, transforms=transforms),
                plgpu.SMEM((stages, 2, _ROWS), jnp.float32),
                plgpu.SMEM((stages, 2, _ROWS), jnp.int32),
-               plgpu.SMEM((kv_buffers, DKV_TILE, d), dt, transforms=transforms),
-               plgpu.SMEM((kv_buffers, DKV_TILE, d), dt, transforms=transforms),
+               plgpu.SMEM((2, DKV_TILE, d), dt, transforms=transforms),
+               plgpu.SMEM((2, DKV_TILE, d), dt, transforms=transforms),
                plgpu.SMEM((2, _ROWS, _ROWS), dt, transforms=transforms) if interpret else None]
-    bars = (plgpu.Barrier(num_arrivals=2, num_barriers=kv_buffers),
-            plgpu.Barrier(num_arrivals=2, num_barriers=kv_buffers),
+    bars = (plgpu.Barrier(num_arrivals=2, num_barriers=2),
+            plgpu.Barrier(num_arrivals=2, num_barriers=2),
             plgpu.Barrier(num_arrivals=6, num_barriers=stages),
             plgpu.Barrier(num_arrivals=2, num_barriers=stages),
             plgpu.Barrier(num_arrivals=2))
