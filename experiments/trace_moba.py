@@ -137,6 +137,8 @@ def main():
   add_point_args(p)
   p.add_argument("--variant", default=None, help="bench_kernel.py variant syntax; default tiles")
   p.add_argument("--backend", default="triton", choices=sorted(BACKENDS))
+  p.add_argument("--k-max", type=int, default=None,
+                 help="the compiled k_max (default --k): a budget below it, as a tuned run has")
   p.add_argument("--reps", type=int, default=5)
   p.add_argument("--out", default=None)
   p.add_argument("--interpret", action="store_true", help="Pallas interpret mode (CPU smoke)")
@@ -146,8 +148,9 @@ def main():
   args = p.parse_args()
   _, q, k, v, do, seg, budget = point_inputs(args)
   bs = parse_variant(args.variant) if args.variant else None
+  k_max = args.k_max or args.k
   attend = lambda q, k, v, seg, budget: moba_attention(
-      q, k, v, seg, budget, block_size=args.block, k_max=args.k, block_sizes=bs,
+      q, k, v, seg, budget, block_size=args.block, k_max=k_max, block_sizes=bs,
       backend=args.backend, interpret=args.interpret)
   # Segments and budget are arguments, as in a training step (a closed-over constant could be
   # folded into the compiled program).
@@ -157,7 +160,7 @@ def main():
   kernels, per_thread, (span, idle), host = traced_kernel_us(step, q, k, v, do, seg, budget,
                                                              reps=args.reps)
   gating = jax.jit(lambda q, k, seg, budget: step_gating(
-      q, k, seg, budget, block_size=args.block, k_max=args.k, bs=bs or MobaBlockSizes(),
+      q, k, seg, budget, block_size=args.block, k_max=k_max, bs=bs or MobaBlockSizes(),
       interpret=args.interpret, backend=args.backend))
   gate_kernels, _, (gate_span, gate_idle), gate_host = traced_kernel_us(
       gating, q, k, seg, budget, reps=args.reps)
@@ -172,7 +175,8 @@ def main():
   rows = sorted(({"kernel": name, "ms_per_step": us / args.reps / 1e3,
                   "launches_per_step": n / args.reps, "share": us / total}
                  for name, (us, n) in kernels.items()), key=lambda r: -r["ms_per_step"])
-  result = {"seq": args.seq, "block": args.block, "k": args.k, "heads": args.heads,
+  result = {"seq": args.seq, "block": args.block, "k": args.k, "k_max": k_max,
+            "heads": args.heads,
             "variant": args.variant, "backend": args.backend, "reps": args.reps,
             "device": jax.devices()[0].device_kind,
             "kernel_ms_per_step": total / args.reps / 1e3, "rows": rows,
@@ -188,7 +192,7 @@ def main():
   if args.out:
     with open(args.out, "w") as f:
       json.dump(result, f, indent=1)
-  print(f"{args.heads} S={args.seq} block {args.block} k={args.k}: kernels "
+  print(f"{args.heads} S={args.seq} block {args.block} k={args.k} (k_max {k_max}): kernels "
         f"{result['kernel_ms_per_step']:.3f} ms per fwd+bwd step; gating alone "
         f"{result['gating_kernel_ms']:.3f} ms ({100 * result['gating_share']:.1f}%)")
   print(f"  GPU span per step {span / 1e3:.3f} ms, of it idle (waiting for launches) "
