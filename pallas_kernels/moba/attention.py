@@ -43,8 +43,10 @@ BACKENDS = {"triton": kernels, "mosaic": hopper}
 # Rows each block's run is padded to, where a kernel set needs more than block_rows.
 _PAD_ROWS = {"mosaic": hopper.ITEM_ROWS}
 # Kernel sets whose backward kernels read q and dO rows in sorted order: their forward also
-# returns q's (sorted_q=True; the residual is those rows in place of q), and the row gather
-# named here sorts dO once for both backward kernels (q_rows=, do_rows=).
+# returns q's (sorted_q=True), and the row gather named here sorts dO once for both backward
+# kernels (q_rows=, do_rows=). The residual is then q's sorted rows in place of q: about
+# k_max times q's size (plus run padding), the buffer the backward would otherwise gather
+# anyway; under the model's per-layer remat it lives only inside a layer's backward.
 _SORTED_ROWS = {"mosaic": hopper.gather_rows}
 
 
