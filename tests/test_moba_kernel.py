@@ -210,3 +210,53 @@ def test_gpu_compiled_kernels_match_reference(dtype, skip_full_masks):
   tol = {jnp.float32: 2e-3, jnp.bfloat16: 2e-2}[dtype]  # f32 dots run as tf32 on GPU
   for g, w in zip(got, want):
     assert rel_err(g, w) < tol
+
+
+@pytest.mark.parametrize("hq, hkv, k_max, budget", [(2, 1, 4, [4, 2]), (7, 1, 5, [2, 3]),
+                                                    (4, 2, 3, [1, 3])])
+def test_merge_partials_reads_used_slots_only(hq, hkv, k_max, budget):
+  """merge_partials combines exactly the used slots of each (token, head): the log-sum-exp
+  merge of their partial outputs (forward) and the sum of their partial dq, against numpy
+  over the selection; rows of unused slots hold NaN (a read of one would show); padding
+  tokens give 0 and lse 0; a row whose budget is out of range gives NaN outputs."""
+  rng = np.random.default_rng()
+  b, t, block_size, d = 2, 256, 32, 32
+  q, k, _, _ = make_inputs(rng, b, t, hq, hkv, d, jnp.float32)
+  seg = packed_segments(rng, b, t, block_size, aligned=bool(rng.integers(2)))
+  sel = moba_gate(q, k, seg, jnp.asarray(budget, jnp.int32), block_size=block_size,
+                  k_max=k_max)
+  gh = hq // hkv
+  layout = build_kv_layout(sel, seg, num_blocks=t // block_size, group_size=gh, block_rows=16)
+  _, g, l = layout.row_src_BGL.shape
+  entry = np.asarray(layout.entry_row_BGTK)
+  count = np.asarray(sel.count_BTG)
+  written = np.zeros((b, g, l), bool)
+  for bi, ti, gi in zip(*np.nonzero(count)):
+    for s in range(count[bi, ti, gi]):
+      written[bi, gi, entry[bi, gi, ti, s]:entry[bi, gi, ti, s] + gh] = True
+  part = np.where(written[..., None], rng.standard_normal((b, g, l, d)), np.nan).astype(np.float32)
+  lse = np.where(written, rng.uniform(-3.0, 3.0, size=(b, g, l)), np.nan).astype(np.float32)
+  ok = jnp.asarray([True, False])
+  out, out_lse = kernels.merge_partials(jnp.asarray(part), jnp.asarray(lse),
+                                        layout.entry_row_BGTK, sel.count_BTG, ok,
+                                        group_size=gh, interpret=True)
+  dq = kernels.merge_partials(jnp.asarray(part), None, layout.entry_row_BGTK, sel.count_BTG,
+                              None, group_size=gh, interpret=True)
+  want = np.zeros((b, t, hq, d)), np.zeros((b, t, hq)), np.zeros((b, t, hq, d))
+  for bi in range(b):
+    for ti in range(t):
+      for gi in range(g):
+        for h in range(gh):
+          rows = [entry[bi, gi, ti, s] + h for s in range(count[bi, ti, gi])]
+          if not rows:
+            continue
+          ls = lse[bi, gi, rows].astype(np.float64)
+          w = np.exp(ls - ls.max())
+          want[0][bi, ti, gi * gh + h] = (w[:, None] * part[bi, gi, rows]).sum(0) / w.sum()
+          want[1][bi, ti, gi * gh + h] = ls.max() + np.log(w.sum())
+          want[2][bi, ti, gi * gh + h] = part[bi, gi, rows].sum(0)
+  assert (count == 0).any() and (count > 1).any()
+  np.testing.assert_allclose(np.asarray(out)[0], want[0][0], rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(np.asarray(out_lse), want[1], rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(np.asarray(dq), want[2], rtol=1e-5, atol=1e-5)
+  assert np.isnan(np.asarray(out)[1]).all()  # budget out of range: NaN, whatever it read

@@ -24,7 +24,11 @@ def test_lowers_every_kernel_of_a_training_step():
                           shape(1, seq, hkv, d), jax.ShapeDtypeStruct((1, seq), jnp.int32),
                           jax.ShapeDtypeStruct((1,), jnp.int32))
   by_name = {k["name"]: k for k in kernels}
-  assert sorted(by_name) == ["moba_dkv", "moba_dq", "moba_fwd", "moba_gate_topk"]
+  assert sorted(by_name) == ["moba_dkv", "moba_dq", "moba_fwd", "moba_gate_topk", "moba_merge",
+                            "moba_merge_dq"]
+  # The merges loop over a tile's used slots only: a loop, and the slot rows gathered in it.
+  for name in ("moba_merge", "moba_merge_dq"):
+    assert "scf.for" in by_name[name]["ttir"], name
   assert (by_name["moba_fwd"]["num_warps"], by_name["moba_dq"]["num_warps"]) == (4, 8)
   assert "tt.func public @moba_fwd" in by_name["moba_fwd"]["ttir"]
   assert by_name["moba_fwd"]["ttir"].count("tt.dot ") == 2  # QK^T and PV

@@ -19,23 +19,6 @@ from pallas_kernels.moba import gating, hopper, kernels
 from pallas_kernels.moba.kernels import MobaBlockSizes
 
 
-def _from_entries(x_BGLX, layout: gating.MobaKVLayout, group_size: int) -> jax.Array:
-  """[B, G, L, X...] -> [B, G, T, K, Gh, X...]: each (token, slot, head)'s sorted row."""
-  rows_BGTKH = layout.entry_row_BGTK[..., None] + jnp.arange(group_size, dtype=jnp.int32)
-  b, g = rows_BGTKH.shape[:2]
-  flat = rows_BGTKH.reshape(b, g, -1)
-  rest = x_BGLX.shape[3:]
-  idx = jnp.minimum(flat, x_BGLX.shape[2] - 1).reshape(b, g, -1, *([1] * len(rest)))
-  out = jnp.take_along_axis(x_BGLX, idx, axis=2, mode="promise_in_bounds")
-  return out.reshape(*rows_BGTKH.shape, *rest)
-
-
-def _group_to_BTH(x_BGTGh, b, t, hq):
-  """[B, G, T, Gh, X...] -> [B, T, Hq, X...]."""
-  rest = x_BGTGh.shape[4:]
-  return jnp.moveaxis(x_BGTGh, 1, 2).reshape(b, t, hq, *rest)
-
-
 # Kernel sets: each module provides moba_forward_rows, moba_dq_rows and moba_dkv with the same
 # contracts. "triton": Pallas Triton lowering, any GPU, float32 or bf16; "mosaic": Pallas
 # Mosaic GPU, Hopper, bf16 (hopper.py).
@@ -74,20 +57,10 @@ def _forward(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, ok_B, sel, layout, block_si
       q_BTHD.reshape(b, t * hq, d), layout, k_BTKD, v_BTKD, segment_ids_BT,
       block_size=block_size, bs=bs, interpret=interpret,
       **({"sorted_q": True} if for_backward and backend in _SORTED_ROWS else {}))
-  used_BGTK = jnp.transpose(sel.selected_BTGK, (0, 2, 1, 3)) < t // block_size
-  lse_BGTKH = jnp.where(used_BGTK[..., None], _from_entries(lse_BGL, layout, gh), -jnp.inf)
-  any_BGT1H = used_BGTK.any(-1)[..., None, None]
-  mx_BGTH = jnp.where(any_BGT1H[:, :, :, 0], lse_BGTKH.max(axis=3), 0.0)
-  w_BGTKH = jnp.where(used_BGTK[..., None], jnp.exp(lse_BGTKH - mx_BGTH[:, :, :, None, :]), 0.0)
-  denom_BGTH = jnp.maximum(w_BGTKH.sum(axis=3), 1e-30)
-  # Unused slots point at rows no kernel wrote: select, never multiply by zero.
-  o_BGTKHD = jnp.where(used_BGTK[..., None, None],
-                       _from_entries(o_BGLD, layout, gh).astype(jnp.float32), 0.0)
-  o_BGTHD = jnp.einsum("bgtkh,bgtkhd->bgthd", w_BGTKH, o_BGTKHD) / denom_BGTH[..., None]
-  o_BGTHD = jnp.where(ok_B[:, None, None, None, None], o_BGTHD, jnp.nan)  # budget out of range
-  lse_BGTH = jnp.where(any_BGT1H[:, :, :, 0], mx_BGTH + jnp.log(denom_BGTH), 0.0)
-  out_BTHD = _group_to_BTH(o_BGTHD, b, t, hq).astype(q_BTHD.dtype)
-  lse_BTH = _group_to_BTH(lse_BGTH, b, t, hq)
+  # Rows whose budget is out of range come out NaN.
+  out_BTHD, lse_BTH = kernels.merge_partials(o_BGLD, lse_BGL, layout.entry_row_BGTK,
+                                             sel.count_BTG, ok_B, group_size=gh,
+                                             interpret=bool(interpret))
   # q itself, or (_SORTED_ROWS) its rows in sorted order.
   q_saved = q_rows[0] if q_rows else q_BTHD
   res = (q_saved, k_BTKD, v_BTKD, segment_ids_BT, sel, layout, out_BTHD, lse_BTH)
@@ -115,10 +88,8 @@ def _moba_bwd(block_size, bs, interpret, backend, res, do_BTHD):
                                            interpret=interpret, **kw)
   dk_BTKD, dv_BTKD = BACKENDS[backend].moba_dkv(*args, block_size=block_size, bs=bs,
                                                 interpret=interpret, **kw)
-  used_BGTK = jnp.transpose(sel.selected_BTGK, (0, 2, 1, 3)) < t // block_size
-  dq_BGTKHD = jnp.where(used_BGTK[..., None, None],
-                        _from_entries(dq_BGLD, layout, gh).astype(jnp.float32), 0.0)
-  dq_BTHD = _group_to_BTH(dq_BGTKHD.sum(axis=3), b, t, hq).astype(out_BTHD.dtype)
+  dq_BTHD = kernels.merge_partials(dq_BGLD, None, layout.entry_row_BGTK, sel.count_BTG, None,
+                                   group_size=gh, interpret=bool(interpret)).astype(out_BTHD.dtype)
   return dq_BTHD, dk_BTKD, dv_BTKD, None, None, None, None
 
 

@@ -363,6 +363,97 @@ def gather_rows(x_BSD, layout, *, run_rows: int, interpret: bool) -> jax.Array:
   )(layout.chunk_block_BGC, layout.row_src_BGL, x_BSD)
 
 
+def _merge_kernel(ok_ref, cnt_ref, entry_ref, part_ref, lse_ref, out_ref, *lse_out, group_size):
+  """One query head of a tile of tokens: the partial results of its used slots (a prefix of
+  count slots per token), read through the slots' sorted rows - log-sum-exp weighted with
+  lse_ref (forward), or summed (dq, lse_ref None). Loops to the tile's largest count."""
+  tt, d = out_ref.shape
+  h = lax.rem(pl.program_id(1), group_size)
+  cnt = cnt_ref[...]
+
+  def rows_of(s):
+    used = s < cnt
+    return used, jnp.where(used, entry_ref[pl.ds(s, 1), :][0] + h, 0)
+
+  acc0 = jnp.zeros((tt, d), jnp.float32)
+  if lse_ref is None:
+    def add(s, acc):
+      used, rows = rows_of(s)
+      return acc + jnp.where(used[:, None], part_ref[rows].astype(jnp.float32), 0.0)
+
+    out_ref[...] = lax.fori_loop(0, jnp.max(cnt), add, acc0).astype(out_ref.dtype)
+    return
+
+  def merge(s, carry):
+    acc, m, l = carry
+    used, rows = rows_of(s)
+    lse = jnp.where(used, lse_ref[rows], -jnp.inf)
+    m_new = jnp.maximum(m, lse)
+    scale, w = jnp.exp(m - m_new), jnp.exp(lse - m_new)
+    o = jnp.where(used[:, None], part_ref[rows].astype(jnp.float32), 0.0)
+    return acc * scale[:, None] + w[:, None] * o, m_new, l * scale + w
+
+  floor = jnp.full((tt,), -1e30, jnp.float32)  # below any lse; exp(floor - floor) = 1
+  acc, m, l = lax.fori_loop(0, jnp.max(cnt), merge, (acc0, floor, jnp.zeros_like(floor)))
+  ok = ok_ref[0] != 0
+  out = jnp.where(l[:, None] > 0, acc / jnp.maximum(l, 1e-30)[:, None], 0.0)
+  out_ref[...] = jnp.where(ok, out, jnp.nan).astype(out_ref.dtype)
+  lse_out[0][...] = jnp.where(l > 0, m + jnp.log(jnp.maximum(l, 1e-30)), 0.0)
+
+
+def merge_partials(part_BGLD, lse_BGL, entry_row_BGTK, count_BTG, ok_B, *, group_size: int,
+                   interpret: bool, block_tokens: int = 64):
+  """Each (token, query head)'s partial results, combined: [B, T, Hq, D] in part's dtype, and
+  with lse_BGL (the forward) the merged natural-log lse [B, T, Hq] float32; with lse_BGL None
+  (dq) their sum. A token's used slots are the prefix of count_BTG slots; the slot's rows
+  are entry_row_BGTK + head. Only used slots are read, so the cost follows the budget, not
+  k_max (XLA's gather of every slot before masking grew with k_max). ok_B (forward; None: all
+  rows): rows whose budget is out of range get NaN outputs. Padding tokens (count 0): 0 and
+  lse 0."""
+  b, g, l, d = part_BGLD.shape
+  t, kmax = entry_row_BGTK.shape[2:]
+  hq = g * group_size
+  tt = math.gcd(t, block_tokens)
+  kpad = pl.next_power_of_2(kmax)
+  entry_BGKT = jnp.pad(jnp.moveaxis(entry_row_BGTK, 3, 2),
+                       [(0, 0), (0, 0), (0, kpad - kmax), (0, 0)])
+  count_BGT = jnp.moveaxis(count_BTG, 2, 1).astype(jnp.int32)
+  gi = lambda h: h // group_size
+  forward = lse_BGL is not None
+  out_shape = [jax.ShapeDtypeStruct((b, t, hq, d), part_BGLD.dtype)]
+  out_specs = [pl.BlockSpec((None, tt, None, d), lambda b_, h, i: (b_, i, h, 0))]
+  if forward:
+    out_shape.append(jax.ShapeDtypeStruct((b, t, hq), jnp.float32))
+    out_specs.append(pl.BlockSpec((None, tt, None), lambda b_, h, i: (b_, i, h)))
+  in_specs = [pl.BlockSpec((1,), lambda b_, h, i: (b_,)),
+              pl.BlockSpec((None, None, tt), lambda b_, h, i: (b_, gi(h), i)),
+              pl.BlockSpec((None, None, kpad, tt), lambda b_, h, i: (b_, gi(h), 0, i)),
+              pl.BlockSpec((None, None, l, d), lambda b_, h, i: (b_, gi(h), 0, 0))]
+  ok_B = jnp.ones((b,), jnp.int32) if ok_B is None else ok_B.astype(jnp.int32)
+  operands = [ok_B, count_BGT, entry_BGKT, part_BGLD]
+  if forward:
+    in_specs.append(pl.BlockSpec((None, None, l), lambda b_, h, i: (b_, gi(h), 0)))
+    operands.append(lse_BGL)
+
+  def kernel(*refs):
+    ins, outs = refs[:len(operands)], refs[len(operands):]
+    ok, cnt, entry, part, *lse = ins
+    _merge_kernel(ok, cnt, entry, part, lse[0] if lse else None, *outs,
+                  group_size=group_size)
+
+  res = pl.pallas_call(
+      kernel,
+      grid=(b, hq, t // tt),
+      in_specs=in_specs,
+      out_specs=out_specs,
+      out_shape=out_shape,
+      compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=1),
+      interpret=interpret,
+      name="moba_merge" if forward else "moba_merge_dq",
+  )(*operands)
+  return tuple(res) if forward else res[0]
+
+
 def moba_forward_rows(q_BSD, layout, k_BTKD, v_BTKD, segment_ids_BT, *, block_size,
                       bs: MobaBlockSizes, interpret: bool):
   """Partial output [B, G, L, D] (q dtype) and natural-log lse [B, G, L] per sorted row.
