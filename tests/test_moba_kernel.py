@@ -212,6 +212,23 @@ def test_gpu_compiled_kernels_match_reference(dtype, skip_full_masks):
     assert rel_err(g, w) < tol
 
 
+def test_large_k_max_merges_by_the_slot_kernel():
+  """From attention._SLOT_MERGE_MIN_K_MAX the forward and dq merges run in
+  kernels.merge_partials (budgets below k_max, ragged, one row at k_max): values and
+  gradients still match the reference, padding tokens still give zeros."""
+  from pallas_kernels.moba import attention
+  rng = np.random.default_rng()
+  b, t, block_size, k_max = 2, 512, 32, attention._SLOT_MERGE_MIN_K_MAX
+  q, k, v, do = make_inputs(rng, b, t, 4, 2, 16, jnp.float32)
+  seg = packed_segments(rng, b, t, block_size, aligned=bool(rng.integers(2)))
+  budget = jnp.asarray([3, k_max], jnp.int32)
+  got, want = run_both(q, k, v, do, seg, budget, block_size, k_max)
+  for name, g, w in zip(("out", "dq", "dk", "dv"), got, want):
+    assert rel_err(g, w) < TOL[jnp.float32], (name, rel_err(g, w))
+  pad = np.asarray(seg) == 0
+  assert np.all(np.asarray(got[0])[pad] == 0) and np.all(np.asarray(got[1])[pad] == 0)
+
+
 @pytest.mark.parametrize("hq, hkv, k_max, budget", [(2, 1, 4, [4, 2]), (7, 1, 5, [2, 3]),
                                                     (4, 2, 3, [1, 3])])
 def test_merge_partials_reads_used_slots_only(hq, hkv, k_max, budget):

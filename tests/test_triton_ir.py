@@ -12,10 +12,10 @@ from pallas_kernels.moba import MobaBlockSizes, moba_attention
 def test_lowers_every_kernel_of_a_training_step():
   bs = MobaBlockSizes(block_rows=16, block_k=32, block_k_dkv=32, num_warps_bwd=8,
                       skip_full_masks=False)  # one loop per kernel (no unmasked copy)
-  seq, hq, hkv, d = 256, 2, 1, 32
+  seq, hq, hkv, d = 512, 2, 1, 32  # k_max 8: the merges run in their kernels too
 
   def step(q, k, v, seg, budget):
-    loss = lambda q, k, v: moba_attention(q, k, v, seg, budget, block_size=64, k_max=2,
+    loss = lambda q, k, v: moba_attention(q, k, v, seg, budget, block_size=64, k_max=8,
                                           block_sizes=bs).astype(jnp.float32).sum()
     return jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
 

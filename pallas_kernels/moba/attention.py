@@ -19,6 +19,60 @@ from pallas_kernels.moba import gating, hopper, kernels
 from pallas_kernels.moba.kernels import MobaBlockSizes
 
 
+def _from_entries(x_BGLX, layout: gating.MobaKVLayout, group_size: int) -> jax.Array:
+  """[B, G, L, X...] -> [B, G, T, K, Gh, X...]: each (token, slot, head)'s sorted row."""
+  rows_BGTKH = layout.entry_row_BGTK[..., None] + jnp.arange(group_size, dtype=jnp.int32)
+  b, g = rows_BGTKH.shape[:2]
+  flat = rows_BGTKH.reshape(b, g, -1)
+  rest = x_BGLX.shape[3:]
+  idx = jnp.minimum(flat, x_BGLX.shape[2] - 1).reshape(b, g, -1, *([1] * len(rest)))
+  out = jnp.take_along_axis(x_BGLX, idx, axis=2, mode="promise_in_bounds")
+  return out.reshape(*rows_BGTKH.shape, *rest)
+
+
+def _group_to_BTH(x_BGTGh, b, t, hq):
+  """[B, G, T, Gh, X...] -> [B, T, Hq, X...]."""
+  rest = x_BGTGh.shape[4:]
+  return jnp.moveaxis(x_BGTGh, 1, 2).reshape(b, t, hq, *rest)
+
+
+# The per-slot partial results are merged by XLA (one fused gather of every slot, masked)
+# below this k_max, by kernels.merge_partials (a loop over each token's used slots only) from
+# it. H200, S=32K, 16 x 128, top-3, forward + dq merges: XLA 0.279 ms at k_max 3 and 0.620 at
+# k_max 16, the kernel 0.383 at both (BENCHMARKS.md); 8 lies between the two measurements
+# (XLA's cost interpolated to about 0.41 ms there), not measured itself.
+_SLOT_MERGE_MIN_K_MAX = 8
+
+
+def _merge(part_BGLD, lse_BGL, sel, layout, ok_B, group_size, interpret):
+  """merge_partials' contract (out and lse with lse_BGL, else the sum), by XLA or the kernel
+  as _SLOT_MERGE_MIN_K_MAX says."""
+  b, g, l, _ = part_BGLD.shape
+  t, k_max = layout.entry_row_BGTK.shape[2:]
+  if k_max >= _SLOT_MERGE_MIN_K_MAX:
+    return kernels.merge_partials(part_BGLD, lse_BGL, layout.entry_row_BGTK, sel.count_BTG,
+                                  ok_B, group_size=group_size, interpret=bool(interpret))
+  hq = g * group_size
+  num_blocks = layout.block_chunks_BGN2.shape[2]
+  used_BGTK = jnp.transpose(sel.selected_BTGK, (0, 2, 1, 3)) < num_blocks
+  # Unused slots point at rows no kernel wrote: select, never multiply by zero.
+  part_BGTKHD = jnp.where(used_BGTK[..., None, None],
+                          _from_entries(part_BGLD, layout, group_size).astype(jnp.float32), 0.0)
+  if lse_BGL is None:
+    return _group_to_BTH(part_BGTKHD.sum(axis=3), b, t, hq).astype(part_BGLD.dtype)
+  lse_BGTKH = jnp.where(used_BGTK[..., None], _from_entries(lse_BGL, layout, group_size),
+                        -jnp.inf)
+  any_BGTH = jnp.broadcast_to(used_BGTK.any(-1)[..., None], lse_BGTKH.shape[:3] + (group_size,))
+  mx_BGTH = jnp.where(any_BGTH, lse_BGTKH.max(axis=3), 0.0)
+  w_BGTKH = jnp.where(used_BGTK[..., None], jnp.exp(lse_BGTKH - mx_BGTH[:, :, :, None, :]), 0.0)
+  denom_BGTH = jnp.maximum(w_BGTKH.sum(axis=3), 1e-30)
+  o_BGTHD = jnp.einsum("bgtkh,bgtkhd->bgthd", w_BGTKH, part_BGTKHD) / denom_BGTH[..., None]
+  o_BGTHD = jnp.where(ok_B[:, None, None, None, None], o_BGTHD, jnp.nan)
+  lse_BGTH = jnp.where(any_BGTH, mx_BGTH + jnp.log(denom_BGTH), 0.0)
+  return (_group_to_BTH(o_BGTHD, b, t, hq).astype(part_BGLD.dtype),
+          _group_to_BTH(lse_BGTH, b, t, hq))
+
+
 # Kernel sets: each module provides moba_forward_rows, moba_dq_rows and moba_dkv with the same
 # contracts. "triton": Pallas Triton lowering, any GPU, float32 or bf16; "mosaic": Pallas
 # Mosaic GPU, Hopper, bf16 (hopper.py).
@@ -58,9 +112,7 @@ def _forward(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, ok_B, sel, layout, block_si
       block_size=block_size, bs=bs, interpret=interpret,
       **({"sorted_q": True} if for_backward and backend in _SORTED_ROWS else {}))
   # Rows whose budget is out of range come out NaN.
-  out_BTHD, lse_BTH = kernels.merge_partials(o_BGLD, lse_BGL, layout.entry_row_BGTK,
-                                             sel.count_BTG, ok_B, group_size=gh,
-                                             interpret=bool(interpret))
+  out_BTHD, lse_BTH = _merge(o_BGLD, lse_BGL, sel, layout, ok_B, gh, interpret)
   # q itself, or (_SORTED_ROWS) its rows in sorted order.
   q_saved = q_rows[0] if q_rows else q_BTHD
   res = (q_saved, k_BTKD, v_BTKD, segment_ids_BT, sel, layout, out_BTHD, lse_BTH)
@@ -88,8 +140,7 @@ def _moba_bwd(block_size, bs, interpret, backend, res, do_BTHD):
                                            interpret=interpret, **kw)
   dk_BTKD, dv_BTKD = BACKENDS[backend].moba_dkv(*args, block_size=block_size, bs=bs,
                                                 interpret=interpret, **kw)
-  dq_BTHD = kernels.merge_partials(dq_BGLD, None, layout.entry_row_BGTK, sel.count_BTG, None,
-                                   group_size=gh, interpret=bool(interpret)).astype(out_BTHD.dtype)
+  dq_BTHD = _merge(dq_BGLD, None, sel, layout, None, gh, interpret).astype(out_BTHD.dtype)
   return dq_BTHD, dk_BTKD, dv_BTKD, None, None, None, None
 
 
