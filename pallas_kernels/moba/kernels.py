@@ -17,7 +17,11 @@ Three attention `pallas_call`s, all reading `MobaKVLayout` (see gating.py):
 
 Masking inside a block: same segment (non-zero) and key position <= query
 position (only binds in the own block). Partial results are combined outside
-the kernels (attention.py).
+the kernels (attention.py), from a large k_max by `merge_partials`.
+
+Two more: `gather_rows` puts a per-token array's rows into sorted order (the Hopper backward
+reads dO so), and `merge_partials` combines each token's per-slot partial results reading
+only its used slots.
 """
 
 from __future__ import annotations
@@ -407,7 +411,9 @@ def merge_partials(part_BGLD, lse_BGL, entry_row_BGTK, count_BTG, ok_B, *, group
   with lse_BGL (the forward) the merged natural-log lse [B, T, Hq] float32; with lse_BGL None
   (dq) their sum. A token's used slots are the prefix of count_BTG slots; the slot's rows
   are entry_row_BGTK + head. Only used slots are read, so the cost follows the budget, not
-  k_max (XLA's gather of every slot before masking grew with k_max). ok_B (forward; None: all
+  k_max: on the H200 at top-3 (S=32K, 16 x 128) both merges took 0.383 ms under k_max 3 and
+  16, where XLA's gather of every slot before masking took 0.279 and 0.620 ms
+  (attention._SLOT_MERGE_MIN_K_MAX picks between them). ok_B (forward; None: all
   rows): rows whose budget is out of range get NaN outputs. Padding tokens (count 0): 0 and
   lse 0."""
   b, g, l, d = part_BGLD.shape
