@@ -34,18 +34,24 @@ from pallas_kernels.moba import MobaBlockSizes, moba_attention  # noqa: E402
 from pallas_kernels.moba.attention import BACKENDS  # noqa: E402
 
 
+def _gpu_threads(events) -> tuple[set, dict]:
+  """The '/device:GPU...' processes' ids and their threads' names by (pid, tid)."""
+  gpu_pids = {e["pid"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"
+              and str(e["args"].get("name", "")).startswith("/device:GPU")}
+  threads = {(e["pid"], e["tid"]): str(e["args"].get("name", "")) for e in events
+             if e.get("ph") == "M" and e.get("name") == "thread_name" and e["pid"] in gpu_pids}
+  return gpu_pids, threads
+
+
 def device_kernel_times(trace: dict) -> tuple[dict[str, tuple[float, int]], dict[str, float]]:
   """({kernel name: (total microseconds, count)}, {thread: total microseconds}) over the
   'Stream ...' threads of '/device:GPU...' processes of a Chrome-format trace. Derived
   timelines of the same process ('XLA Ops', 'XLA Modules') repeat the kernels' time and are
   only reported per thread."""
   events = trace["traceEvents"]
-  gpu_pids = {e["pid"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"
-              and str(e["args"].get("name", "")).startswith("/device:GPU")}
+  gpu_pids, threads = _gpu_threads(events)
   if not gpu_pids:
     raise ValueError("the trace holds no /device:GPU process (no GPU kernels were traced)")
-  threads = {(e["pid"], e["tid"]): str(e["args"].get("name", "")) for e in events
-             if e.get("ph") == "M" and e.get("name") == "thread_name" and e["pid"] in gpu_pids}
   kernels: dict[str, list] = collections.defaultdict(lambda: [0.0, 0])
   per_thread: dict[str, float] = collections.defaultdict(float)
   for e in events:
@@ -65,11 +71,7 @@ def step_spans(trace: dict, reps: int) -> tuple[float, float]:
   threads, idle = the part of it no kernel ran (the GPU waiting for launches). Steps are
   told apart by the reps - 1 longest gaps between kernels (the host's wait for each step)."""
   events = trace["traceEvents"]
-  gpu_pids = {e["pid"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"
-              and str(e["args"].get("name", "")).startswith("/device:GPU")}
-  streams = {(e["pid"], e["tid"]) for e in events if e.get("ph") == "M"
-             and e.get("name") == "thread_name" and e["pid"] in gpu_pids
-             and str(e["args"].get("name", "")).startswith("Stream")}
+  streams = {key for key, name in _gpu_threads(events)[1].items() if name.startswith("Stream")}
   spans = sorted((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0))) for e in events
                  if e.get("ph") == "X" and (e.get("pid"), e.get("tid")) in streams)
   if len(spans) < reps:
@@ -101,8 +103,7 @@ def host_event_times(trace: dict, top: int) -> list[tuple[str, float, int]]:
   """The `top` host-side event names by total microseconds: (name, total, count) over the
   processes that are not GPUs (where a call's dispatch and launch time goes)."""
   events = trace["traceEvents"]
-  gpu_pids = {e["pid"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"
-              and str(e["args"].get("name", "")).startswith("/device:GPU")}
+  gpu_pids = _gpu_threads(events)[0]
   totals: dict[str, list] = collections.defaultdict(lambda: [0.0, 0])
   for e in events:
     if e.get("ph") == "X" and e.get("pid") not in gpu_pids:
