@@ -349,11 +349,11 @@ def gather_rows(x_BSD, layout, *, run_rows: int, interpret: bool) -> jax.Array:
   gather of the same rows took 0.262 ms."""
   b, _, d = x_BSD.shape
   _, g, l = layout.row_src_BGL.shape
-  c = layout.chunk_block_BGC.shape[-1]
-  if l % run_rows or (l // c) * (run_rows // (l // c)) != run_rows:
+  chunk = l // layout.chunk_block_BGC.shape[-1]
+  if l % run_rows or run_rows % chunk:
     raise ValueError(f"run_rows={run_rows} must be a multiple of the layout's chunk "
-                     f"({l // c} rows) dividing its {l} rows")
-  per_run = run_rows // (l // c)
+                     f"({chunk} rows) dividing its {l} rows")
+  per_run = run_rows // chunk
   return pl.pallas_call(
       _gather_kernel,
       grid=(b, g, l // run_rows),
