@@ -31,6 +31,8 @@ runs.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import math
 from typing import Any, NamedTuple
@@ -172,10 +174,12 @@ def _streams(item_at, item_loop, trips, src_ref, gathered, row_refs, k_ref, v_re
       def step_body(step, gstep):
         slot = lax.rem(gstep, stages)
         keys = (b, pl.ds(j * block_size + step * block_kv, block_kv), g)
-        plgpu.barrier_wait(bars.k_free.at[slot])
+        with jax.named_scope("wait_k_free"):
+          plgpu.barrier_wait(bars.k_free.at[slot])
         plgpu.copy_gmem_to_smem(k_ref.at[keys], k_smem.at[slot], bars.k.at[slot])
         plgpu.copy_gmem_to_smem(kseg_ref.at[b, keys[1]], scoped.kseg.at[slot], bars.k.at[slot])
-        plgpu.barrier_wait(bars.v_free.at[slot])
+        with jax.named_scope("wait_v_free"):
+          plgpu.barrier_wait(bars.v_free.at[slot])
         plgpu.copy_gmem_to_smem(v_ref.at[keys], v_smem.at[slot], bars.v.at[slot])
         return gstep + 1
 
@@ -203,7 +207,8 @@ def _streams(item_at, item_loop, trips, src_ref, gathered, row_refs, k_ref, v_re
       @pl.loop(0, trips)
       def _item(s):
         b, g, i, _, _, _ = item_at(s)
-        plgpu.barrier_wait(bars.rows_free)
+        with jax.named_scope("wait_rows_free"):
+          plgpu.barrier_wait(bars.rows_free)
         copy_row_values(b, g, i)
         for w in range(2):
           rows = pl.ds(i * ITEM_ROWS + w * _ROWS, _ROWS)
@@ -218,15 +223,17 @@ def _streams(item_at, item_loop, trips, src_ref, gathered, row_refs, k_ref, v_re
     def _item(s):
       b, g, i, _, _, _ = item_at(s)
       islot = lax.rem(s, 2)
-      plgpu.barrier_wait(bars.idx.at[islot])
-      plgpu.barrier_wait(bars.rows_free)  # both halves of the last item moved to their tiles
+      with jax.named_scope("wait_rows_free"):
+        plgpu.barrier_wait(bars.idx.at[islot])
+        plgpu.barrier_wait(bars.rows_free)  # both halves of the last item moved to their tiles
       copy_row_values(b, g, i)
-      for w in range(2):
-        for r in range(_ROWS):
-          row = pl.ds(idx_smem[islot, w * _ROWS + r], 1)
-          for ref, stage in zip(gathered, stage_smems):
-            plgpu.copy_gmem_to_smem(ref.at[b, row], stage.at[w, pl.ds(r, 1)],
-                                    bars.rows.at[w])
+      with jax.named_scope("gather"):
+        for w in range(2):
+          for r in range(_ROWS):
+            row = pl.ds(idx_smem[islot, w * _ROWS + r], 1)
+            for ref, stage in zip(gathered, stage_smems):
+              plgpu.copy_gmem_to_smem(ref.at[b, row], stage.at[w, pl.ds(r, 1)],
+                                      bars.rows.at[w])
       # Into the other slot, last read for the previous item's rows: the next item's ids
       # arrive while this item computes.
       pl.when(s + 1 < trips)(lambda: fetch_ids(s + 1))
@@ -375,7 +382,8 @@ def _fwd_kernel(ids_ref, num_ref, blk_ref, steps_ref, full_ref, src_ref, seg_ref
     def item_body(s, item, gstep):
       b, g, i, j, n, full = item
       rows = pl.ds(i * ITEM_ROWS + wg * _ROWS, _ROWS)
-      keep = _masker(*_take_rows(scoped, shape), scoped.kseg)
+      with jax.named_scope("take_rows"):
+        keep = _masker(*_take_rows(scoped, shape), scoped.kseg)
       if qs_ref is not None:
         plgpu.copy_smem_to_gmem(q_tile, qs_ref.at[b, g, rows])
 
@@ -383,29 +391,35 @@ def _fwd_kernel(ids_ref, num_ref, blk_ref, steps_ref, full_ref, src_ref, seg_ref
         acc, m_prev, l_prev, gstep = carry
         slot = lax.rem(gstep, stages)
         start = j * block_size + step * block_kv
-        plgpu.barrier_wait(bars.k.at[slot])
+        with jax.named_scope("wait_k"):
+          plgpu.barrier_wait(bars.k.at[slot])
 
         def qk(acc_ref):
           plgpu.wgmma(acc_ref, q_tile, scoped.k.at[slot].transpose((1, 0)))
-          schedule()
-          return acc_ref[...]
+          with jax.named_scope("turn"):
+            schedule()
+          with jax.named_scope("qk_wait"):
+            return acc_ref[...]
 
         s_RK = pl.run_scoped(qk, plgpu.ACC(shape, jnp.float32))
-        s_RK = lax.cond(full != 0, lambda s_RK: s_RK * (sm_scale * _LOG2E),
-                        lambda s_RK: jnp.where(keep(slot, start), s_RK * (sm_scale * _LOG2E),
-                                               _MASK), s_RK)
-        plgpu.barrier_arrive(bars.k_free.at[slot])  # K and its key segments read
-        m_next = jnp.maximum(m_prev, s_RK.max(axis=1))
-        corr = jnp.exp2(m_prev - m_next)
-        p = jnp.exp2(s_RK - lax.broadcast_in_dim(m_next, shape, [0]))
-        l_next = l_prev * corr + p.sum(axis=1)
-        acc = acc * lax.broadcast_in_dim(corr, acc.shape, [0])
-        p16 = p.astype(q_tile.dtype)
-        acc, l_next, m_next, p16 = lax.optimization_barrier((acc, l_next, m_next, p16))
+        with jax.named_scope("softmax"):
+          s_RK = lax.cond(full != 0, lambda s_RK: s_RK * (sm_scale * _LOG2E),
+                          lambda s_RK: jnp.where(keep(slot, start), s_RK * (sm_scale * _LOG2E),
+                                                 _MASK), s_RK)
+          plgpu.barrier_arrive(bars.k_free.at[slot])  # K and its key segments read
+          m_next = jnp.maximum(m_prev, s_RK.max(axis=1))
+          corr = jnp.exp2(m_prev - m_next)
+          p = jnp.exp2(s_RK - lax.broadcast_in_dim(m_next, shape, [0]))
+          l_next = l_prev * corr + p.sum(axis=1)
+          acc = acc * lax.broadcast_in_dim(corr, acc.shape, [0])
+          p16 = p.astype(q_tile.dtype)
+          acc, l_next, m_next, p16 = lax.optimization_barrier((acc, l_next, m_next, p16))
         plgpu.barrier_arrive(bars.sched)  # softmax done
-        plgpu.barrier_wait(bars.v.at[slot])
-        plgpu.barrier_wait(bars.sched)  # tensor cores free
-        acc = _accumulate(acc, p16, scoped.v.at[slot], p_smem)
+        with jax.named_scope("wait_v_turn"):
+          plgpu.barrier_wait(bars.v.at[slot])
+          plgpu.barrier_wait(bars.sched)  # tensor cores free
+        with jax.named_scope("pv"):
+          acc = _accumulate(acc, p16, scoped.v.at[slot], p_smem)
         plgpu.barrier_arrive(bars.v_free.at[slot])
         return acc, m_next, l_next, gstep + 1
 
@@ -413,13 +427,14 @@ def _fwd_kernel(ids_ref, num_ref, blk_ref, steps_ref, full_ref, src_ref, seg_ref
               plgpu.layout_cast(jnp.full((_ROWS,), _MASK, jnp.float32), row_layout),
               plgpu.layout_cast(jnp.zeros((_ROWS,), jnp.float32), row_layout), gstep)
       acc, m, l, gstep = lax.fori_loop(0, n, step_body, init)
-      if qs_ref is not None:
-        plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the q rows' store has read the tile
-      q_tile[...] = (acc / lax.broadcast_in_dim(l, acc.shape, [0])).astype(q_tile.dtype)
-      scoped.row_out.at[wg][...] = (m + jnp.log2(l)) / _LOG2E  # natural-log lse
-      plgpu.commit_smem()
-      plgpu.copy_smem_to_gmem(q_tile, o_ref.at[b, g, rows])
-      plgpu.copy_smem_to_gmem(scoped.row_out.at[wg], lse_ref.at[b, g, rows])
+      with jax.named_scope("epilogue"):
+        if qs_ref is not None:
+          plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the q rows' store has read the tile
+        q_tile[...] = (acc / lax.broadcast_in_dim(l, acc.shape, [0])).astype(q_tile.dtype)
+        scoped.row_out.at[wg][...] = (m + jnp.log2(l)) / _LOG2E  # natural-log lse
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(q_tile, o_ref.at[b, g, rows])
+        plgpu.copy_smem_to_gmem(scoped.row_out.at[wg], lse_ref.at[b, g, rows])
       return gstep
 
     item_loop(trips, item_body, jnp.int32(0))
@@ -459,40 +474,48 @@ def _dq_kernel(ids_ref, num_ref, blk_ref, steps_ref, full_ref, src_ref, seg_ref,
       # Global loads, issued before the wait for the item's rows.
       lse_RK = _per_row(lse_ref.at[b, g, rows], shape) * _LOG2E
       delta_RK = _per_row(delta_ref.at[b, g, rows], shape)
-      keep = _masker(*_take_rows(scoped, shape), scoped.kseg)
+      with jax.named_scope("take_rows"):
+        keep = _masker(*_take_rows(scoped, shape), scoped.kseg)
 
       def step_body(step, carry):
         acc, gstep = carry
         slot = lax.rem(gstep, stages)
         start = j * block_size + step * block_kv
-        plgpu.barrier_wait(bars.k.at[slot])
-        plgpu.barrier_wait(bars.v.at[slot])
+        with jax.named_scope("wait_kv"):
+          plgpu.barrier_wait(bars.k.at[slot])
+          plgpu.barrier_wait(bars.v.at[slot])
 
         def products(s_ref, dp_ref):
           plgpu.wgmma(s_ref, q_tile, scoped.k.at[slot].transpose((1, 0)))
           plgpu.wgmma(dp_ref, do_tile, scoped.v.at[slot].transpose((1, 0)))
-          schedule()
-          return s_ref[...], dp_ref[...]
+          with jax.named_scope("turn"):
+            schedule()
+          with jax.named_scope("products_wait"):
+            return s_ref[...], dp_ref[...]
 
         s_RK, dp_RK = pl.run_scoped(products, plgpu.ACC(shape, jnp.float32),
                                     plgpu.ACC(shape, jnp.float32))
         plgpu.barrier_arrive(bars.v_free.at[slot])
-        p_RK = jnp.exp2(s_RK * (sm_scale * _LOG2E) - lse_RK)
-        p_RK = lax.cond(full != 0, lambda p: p, lambda p: jnp.where(keep(slot, start), p, 0.0),
-                        p_RK)
-        ds16 = (p_RK * (dp_RK - delta_RK)).astype(q_tile.dtype)
-        acc, ds16 = lax.optimization_barrier((acc, ds16))
+        with jax.named_scope("ds"):
+          p_RK = jnp.exp2(s_RK * (sm_scale * _LOG2E) - lse_RK)
+          p_RK = lax.cond(full != 0, lambda p: p,
+                          lambda p: jnp.where(keep(slot, start), p, 0.0), p_RK)
+          ds16 = (p_RK * (dp_RK - delta_RK)).astype(q_tile.dtype)
+          acc, ds16 = lax.optimization_barrier((acc, ds16))
         plgpu.barrier_arrive(bars.sched)  # elementwise work done
-        plgpu.barrier_wait(bars.sched)  # tensor cores free
-        acc = _accumulate(acc, ds16, scoped.k.at[slot], p_smem)
+        with jax.named_scope("wait_turn"):
+          plgpu.barrier_wait(bars.sched)  # tensor cores free
+        with jax.named_scope("dq_mma"):
+          acc = _accumulate(acc, ds16, scoped.k.at[slot], p_smem)
         plgpu.barrier_arrive(bars.k_free.at[slot])
         return acc, gstep + 1
 
       init = (plgpu.layout_cast(jnp.zeros((_ROWS, d), jnp.float32), plgpu.Layout.WGMMA), carry)
       acc, gstep = lax.fori_loop(0, n, step_body, init)
-      q_tile[...] = (acc * sm_scale).astype(q_tile.dtype)
-      plgpu.commit_smem()
-      plgpu.copy_smem_to_gmem(q_tile, dq_ref.at[b, g, rows])
+      with jax.named_scope("epilogue"):
+        q_tile[...] = (acc * sm_scale).astype(q_tile.dtype)
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(q_tile, dq_ref.at[b, g, rows])
       return gstep
 
     item_loop(trips, item_body, jnp.int32(0))
@@ -519,9 +542,30 @@ def _grid(num_ctas, interpret):
   return 4 if interpret else getattr(jax.devices()[0], "core_count", 132)
 
 
+_PROFILE = contextvars.ContextVar("moba_hopper_profile", default=None)
+
+
+@contextlib.contextmanager
+def profile_kernels(directory: str, events: int):
+  """Kernels built inside this block record their named regions (the `jax.named_scope`s of
+  the kernel bodies) with Mosaic GPU's on-chip profiler: per warpgroup up to `events`
+  begin/end events in shared memory (the rest dropped), written by each call as a Chrome
+  trace into `directory`. The buffer shares shared memory with the kernel, so a kernel that
+  leaves too little free fails to build. For diagnosis (experiments/profile_hopper.py):
+  it changes the kernels' timing a little."""
+  token = _PROFILE.set((directory, events))
+  try:
+    yield
+  finally:
+    _PROFILE.reset(token)
+
+
 def _persistent_call(entry, out_type, *, name, num_ctas, warpgroups, interpret):
   """The Mosaic GPU kernel of `entry`: a 1-D grid of num_ctas persistent CTAs ("cta") of
   `warpgroups` warpgroups ("wg")."""
+  profile = _PROFILE.get()
+  extra = {} if profile is None else dict(profile_dir=profile[0], profile_space=profile[1],
+                                           profile_bounds_check=True)
   return plgpu.kernel(
       entry,
       out_type=out_type,
@@ -530,7 +574,7 @@ def _persistent_call(entry, out_type, *, name, num_ctas, warpgroups, interpret):
       num_threads=warpgroups,
       thread_name="wg",
       kernel_name=name,
-      compiler_params=plgpu.CompilerParams(approx_math=True),
+      compiler_params=plgpu.CompilerParams(approx_math=True, **extra),
       interpret=_interpret_params(interpret),
   )
 
@@ -696,14 +740,16 @@ def _dkv_kernel(ids_ref, first_ref, end_ref, seg_ref, pos_ref, lse2_ref, delta_r
       b, g, n, first, end = item_at(s)
       buf = lax.rem(s, 2)
       keys = (b, pl.ds(n * DKV_TILE, DKV_TILE), g)
-      plgpu.barrier_wait(kv_free.at[buf])
+      with jax.named_scope("wait_kv_free"):
+        plgpu.barrier_wait(kv_free.at[buf])
       plgpu.copy_gmem_to_smem(k_ref.at[keys], k_smem.at[buf], kv_bar.at[buf])
       plgpu.copy_gmem_to_smem(v_ref.at[keys], v_smem.at[buf], kv_bar.at[buf])
 
       def chunk_body(c, cstep):
         slot = lax.rem(cstep, stages)
         rows = (b, g, pl.ds(c * _ROWS, _ROWS))
-        plgpu.barrier_wait(chunk_free.at[slot])
+        with jax.named_scope("wait_chunk_free"):
+          plgpu.barrier_wait(chunk_free.at[slot])
         for src, dst in ((qs_ref, q_smem.at[slot]), (dos_ref, do_smem.at[slot]),
                          (lse2_ref, rowf_smem.at[slot, 0]), (delta_ref, rowf_smem.at[slot, 1]),
                          (seg_ref, rowi_smem.at[slot, 0]), (pos_ref, rowi_smem.at[slot, 1])):
@@ -733,45 +779,54 @@ def _dkv_kernel(ids_ref, first_ref, end_ref, seg_ref, pos_ref, lse2_ref, delta_r
       kseg_KR = _per_row(kseg_ref.at[b, pl.ds(kstart, _ROWS)], shape)
       kpos_KR = kstart + plgpu.broadcasted_iota(jnp.int32, shape, 0, layout=plgpu.Layout.WGMMA)
       k_w, v_w = k_smem.at[buf, mine], v_smem.at[buf, mine]
-      plgpu.barrier_wait(kv_bar.at[buf])
+      with jax.named_scope("wait_kv"):
+        plgpu.barrier_wait(kv_bar.at[buf])
 
       def chunk_body(c, carry):
         dk, dv, cstep = carry
         slot = lax.rem(cstep, stages)
-        plgpu.barrier_wait(chunk_bar.at[slot])
+        with jax.named_scope("wait_chunk"):
+          plgpu.barrier_wait(chunk_bar.at[slot])
         q_t, do_t = q_smem.at[slot], do_smem.at[slot]
 
         def products(s_ref, dp_ref):
           plgpu.wgmma(s_ref, k_w, q_t.transpose((1, 0)))
           plgpu.wgmma(dp_ref, v_w, do_t.transpose((1, 0)))
-          schedule()
-          return s_ref[...], dp_ref[...]
+          with jax.named_scope("turn"):
+            schedule()
+          with jax.named_scope("products_wait"):
+            return s_ref[...], dp_ref[...]
 
         s_KR, dp_KR = pl.run_scoped(products, plgpu.ACC(shape, jnp.float32),
                                     plgpu.ACC(shape, jnp.float32))
-        seg_KR = cols(rowi_smem.at[slot, 0])
-        keep = ((seg_KR == kseg_KR) & (seg_KR != 0) & (kpos_KR <= cols(rowi_smem.at[slot, 1])))
-        p_KR = jnp.where(keep, jnp.exp2(s_KR * (sm_scale * _LOG2E) - cols(rowf_smem.at[slot, 0])),
-                         0.0)
-        ds_KR = p_KR * (dp_KR - cols(rowf_smem.at[slot, 1]))
-        p16, ds16 = p_KR.astype(q_t.dtype), ds_KR.astype(q_t.dtype)
-        dk, dv, p16, ds16 = lax.optimization_barrier((dk, dv, p16, ds16))
+        with jax.named_scope("ds"):
+          seg_KR = cols(rowi_smem.at[slot, 0])
+          keep = ((seg_KR == kseg_KR) & (seg_KR != 0)
+                  & (kpos_KR <= cols(rowi_smem.at[slot, 1])))
+          p_KR = jnp.where(
+              keep, jnp.exp2(s_KR * (sm_scale * _LOG2E) - cols(rowf_smem.at[slot, 0])), 0.0)
+          ds_KR = p_KR * (dp_KR - cols(rowf_smem.at[slot, 1]))
+          p16, ds16 = p_KR.astype(q_t.dtype), ds_KR.astype(q_t.dtype)
+          dk, dv, p16, ds16 = lax.optimization_barrier((dk, dv, p16, ds16))
         plgpu.barrier_arrive(sched)  # elementwise work done
-        plgpu.barrier_wait(sched)  # tensor cores free
-        dv = _accumulate(dv, p16, do_t, wg_p)
-        dk = _accumulate(dk, ds16, q_t, wg_p)
+        with jax.named_scope("wait_turn"):
+          plgpu.barrier_wait(sched)  # tensor cores free
+        with jax.named_scope("dkdv_mma"):
+          dv = _accumulate(dv, p16, do_t, wg_p)
+          dk = _accumulate(dk, ds16, q_t, wg_p)
         plgpu.barrier_arrive(chunk_free.at[slot])
         return dk, dv, cstep + 1
 
       zeros = plgpu.layout_cast(jnp.zeros((_ROWS, d), jnp.float32), plgpu.Layout.WGMMA)
       dk, dv, cstep = lax.fori_loop(first, end, chunk_body, (zeros, zeros, cstep))
-      # This warpgroup's half of the buffer is no longer read: dK and dV leave through it.
-      k_w[...] = (dk * sm_scale).astype(k_w.dtype)
-      v_w[...] = dv.astype(v_w.dtype)
-      plgpu.commit_smem()
-      plgpu.copy_smem_to_gmem(k_w, dk_ref.at[b, pl.ds(kstart, _ROWS), g])
-      plgpu.copy_smem_to_gmem(v_w, dv_ref.at[b, pl.ds(kstart, _ROWS), g])
-      plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+      with jax.named_scope("epilogue"):
+        # This warpgroup's half of the buffer is no longer read: dK and dV leave through it.
+        k_w[...] = (dk * sm_scale).astype(k_w.dtype)
+        v_w[...] = dv.astype(v_w.dtype)
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(k_w, dk_ref.at[b, pl.ds(kstart, _ROWS), g])
+        plgpu.copy_smem_to_gmem(v_w, dv_ref.at[b, pl.ds(kstart, _ROWS), g])
+        plgpu.wait_smem_to_gmem(0, wait_read_only=True)
       plgpu.barrier_arrive(kv_free.at[buf])
       return cstep
 

@@ -1,0 +1,154 @@
+"""Where the Hopper kernels' warpgroups spend their cycles: each Mosaic GPU kernel (forward,
+dq, dk/dv) run once at one attention shape with Mosaic GPU's on-chip profiler
+(hopper.profile_kernels), which records the named regions of the kernel bodies per
+warpgroup; the first items of every CTA are captured (the buffer lives in the shared memory
+the kernel leaves free). GPU only.
+
+    python experiments/profile_hopper.py --heads h128 --block 512 --k 3 --out $OUT/prof.json
+
+Prints, per kernel and warpgroup role, the mean cycles per work item spent in each region
+and outside all of them ("other": issuing wgmma, loop and address work), from SM clock
+cycles (`%clock`); shares are of the captured span. Regions: forward - take_rows (wait for
+the item's gathered rows, move them into the wgmma tiles), wait_k, turn (end this
+warpgroup's turn on the tensor cores, wait for the next), qk_wait (QK^T's completion),
+softmax, wait_v_turn, pv, epilogue; dq - take_rows, wait_kv, turn, products_wait, ds,
+wait_turn, dq_mma, epilogue; dk/dv - wait_kv, wait_chunk, turn, products_wait, ds,
+wait_turn, dkdv_mma, epilogue; the streaming warpgroups - their waits for free slots
+(wait_k_free, wait_v_free, wait_rows_free, wait_kv_free, wait_chunk_free) and the row gather.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import glob
+import json
+import os
+import sys
+import tempfile
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from experiments.bench_kernel import HEADS, add_point_args, point_inputs  # noqa: E402
+from pallas_kernels.moba import MobaBlockSizes, build_kv_layout, hopper  # noqa: E402
+from pallas_kernels.moba.attention import _fused_gate  # noqa: E402
+
+# Regions that end a work item, per kernel: their count is the number of items captured.
+_ITEM_END = "epilogue"
+
+
+def summarize(trace: dict, warpgroups: int) -> dict:
+  """{role: {"items": mean items per CTA, "span": mean cycles per item, region: mean cycles
+  per item, "other": the rest}} over the CTAs of one kernel's trace. A trace's tid is
+  1 + wg + warpgroups * cta."""
+  per_trace: dict[int, list] = collections.defaultdict(list)
+  for e in trace["traceEvents"]:
+    per_trace[e["tid"]].append(e)
+  roles: dict[int, list] = collections.defaultdict(list)
+  for tid, events in per_trace.items():
+    events.sort(key=lambda e: e["ts"])
+    stack, totals = [], collections.defaultdict(float)
+    for e in events:
+      if e["ph"] == "B":
+        stack.append(e)
+      elif stack:
+        b = stack.pop()
+        if not stack:  # top-level regions only: nested ones are inside their parent's time
+          totals[b["name"]] += (e["ts"] - b["ts"]) * 1e3  # ts: cycles / 1e3
+    span = (events[-1]["ts"] - events[0]["ts"]) * 1e3
+    roles[(tid - 1) % warpgroups].append((span, totals, sum(
+        1 for e in events if e["ph"] == "E" and e["name"] == _ITEM_END)))
+  out = {}
+  for role, rows in sorted(roles.items()):
+    items = np.mean([n for _, _, n in rows])
+    names = sorted({name for _, totals, _ in rows for name in totals})
+    per_item = max(items, 1.0)
+    summary = {"traces": len(rows), "items": float(items),
+               "span": float(np.mean([s for s, _, _ in rows])) / per_item}
+    for name in names:
+      summary[name] = float(np.mean([totals.get(name, 0.0) for _, totals, _ in rows])) / per_item
+    summary["other"] = summary["span"] - sum(summary[n] for n in names)
+    out[f"wg{role}"] = summary
+  return out
+
+
+def profiled(fn, args, directory, events, warpgroups):
+  """Runs fn (a function building a Hopper kernel call) once, built under
+  hopper.profile_kernels, and returns the summary of the trace it writes."""
+  os.makedirs(directory, exist_ok=True)
+  with hopper.profile_kernels(directory, events):
+    jax.block_until_ready(jax.jit(fn)(*args))
+  jax.effects_barrier()  # the trace is written by a host callback
+  files = sorted(glob.glob(os.path.join(directory, "*trace.json")))
+  if len(files) != 1:
+    raise RuntimeError(f"expected one profile trace in {directory}, found {files}")
+  with open(files[0]) as f:
+    return summarize(json.load(f), warpgroups)
+
+
+def main():
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  add_point_args(p)
+  p.add_argument("--events", type=int, default=300,
+                 help="regions recorded per warpgroup (16 bytes each of shared memory)")
+  p.add_argument("--dq-config", default="64,2",
+                 help="block_kv,stages of the dq kernel (its default, 64,3, leaves no shared "
+                      "memory for the profiler)")
+  p.add_argument("--out", required=True)
+  args = p.parse_args()
+  hq, hkv, _ = HEADS[args.heads]
+  t, block = args.seq, args.block
+  d, q, k, v, _, seg, budget = point_inputs(args)
+  sel = jax.jit(lambda q, k: _fused_gate(q, k, seg, budget, block_size=block, k_max=args.k,
+                                         interpret=False))(q, k)
+  lay = build_kv_layout(sel, seg, num_blocks=t // block, group_size=hq // hkv, block_rows=64,
+                        mark_full=False, pad_rows=hopper.ITEM_ROWS)
+  bs = MobaBlockSizes().fit(block, d)
+  q_flat = q.reshape(1, t * hq, d)
+  rng = np.random.default_rng(1)
+  do_flat = jnp.asarray(rng.standard_normal(q_flat.shape), q_flat.dtype)
+  lse = jnp.asarray(rng.uniform(6.0, 9.0, size=q_flat.shape[:2]), jnp.float32)
+  delta = jnp.asarray(rng.standard_normal(q_flat.shape[:2]), jnp.float32)
+  q_rows = hopper.gather_rows(q_flat, lay, False)
+  do_rows = hopper.gather_rows(do_flat, lay, False)
+  dq_bkv, dq_stages = (int(x) for x in args.dq_config.split(","))
+  kernels = {
+      "forward": (lambda q_flat, k, v: hopper.moba_forward_rows(
+          q_flat, lay, k, v, seg, block_size=block, bs=bs, interpret=False, sorted_q=True),
+          (q_flat, k, v), 4),
+      "dq": (lambda q_rows, do_rows, lse, delta, k, v: hopper.moba_dq_rows(
+          None, None, lse, delta, lay, k, v, seg, block_size=block, bs=bs, interpret=False,
+          block_kv=dq_bkv, stages=dq_stages, q_rows=q_rows, do_rows=do_rows),
+          (q_rows, do_rows, lse, delta, k, v), 4),
+      "dkv": (lambda q_rows, do_rows, lse, delta, k, v: hopper.moba_dkv(
+          None, None, lse, delta, lay, k, v, seg, block_size=block, bs=bs, interpret=False,
+          q_rows=q_rows, do_rows=do_rows),
+          (q_rows, do_rows, lse, delta, k, v), 3),
+  }
+  result = dict(device=jax.devices()[0].device_kind, seq=t, block=block, k=args.k,
+                heads=args.heads, events=args.events, dq_config=args.dq_config, kernels={})
+  root = tempfile.mkdtemp(prefix="moba_profile_")
+  for name, (fn, fn_args, wgs) in kernels.items():
+    try:
+      result["kernels"][name] = profiled(fn, fn_args, os.path.join(root, name), args.events,
+                                         wgs)
+    except Exception as e:  # one kernel that does not fit the profiler is reported, not fatal
+      result["kernels"][name] = {"error": f"{type(e).__name__}: {str(e)[:400]}"}
+  with open(args.out, "w") as f:
+    json.dump(result, f, indent=1)
+  print(f"\ncycles per work item (SM clock), {args.heads} S={t} block {block} k={args.k}")
+  for name, roles in result["kernels"].items():
+    if "error" in roles:
+      print(f"{name}: {roles['error']}")
+      continue
+    for role, s in roles.items():
+      regions = " ".join(f"{n}={v:.0f}" for n, v in s.items()
+                         if n not in ("traces", "items", "span"))
+      print(f"{name:8s} {role}: {s['items']:.1f} items/CTA, {s['span']:.0f} per item: {regions}")
+
+
+if __name__ == "__main__":
+  main()
