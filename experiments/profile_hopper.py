@@ -97,7 +97,12 @@ def main():
   p.add_argument("--dq-config", default="64,2",
                  help="block_kv,stages of the dq kernel (its default, 64,3, leaves no shared "
                       "memory for the profiler)")
-  p.add_argument("--out", required=True)
+  p.add_argument("--kernels", nargs="+", default=["forward", "dq", "dkv"],
+                 choices=["forward", "dq", "dkv"])
+  p.add_argument("--plain", action="store_true",
+                 help="run each kernel once without the profiler and stop (for an outside "
+                      "profiler such as Nsight Compute)")
+  p.add_argument("--out", default=None)
   args = p.parse_args()
   hq, hkv, _ = HEADS[args.heads]
   t, block = args.seq, args.block
@@ -128,6 +133,14 @@ def main():
           q_rows=q_rows, do_rows=do_rows),
           (q_rows, do_rows, lse, delta, k, v), 3),
   }
+  kernels = {name: kernels[name] for name in args.kernels}
+  if args.plain:
+    for name, (fn, fn_args, _) in kernels.items():
+      jax.block_until_ready(jax.jit(fn)(*fn_args))
+      print(f"ran {name}", flush=True)
+    return
+  if not args.out:
+    p.error("--out is required unless --plain")
   result = dict(device=jax.devices()[0].device_kind, seq=t, block=block, k=args.k,
                 heads=args.heads, events=args.events, dq_config=args.dq_config, kernels={})
   root = tempfile.mkdtemp(prefix="moba_profile_")

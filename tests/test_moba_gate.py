@@ -158,6 +158,43 @@ def test_full_chunks_attend_every_pair():
                                   np.asarray(getattr(lay, field)))
 
 
+@pytest.mark.parametrize("tile, ignore_padding", [(8, False), (8, True), (16, True)])
+def test_attended_key_tiles_are_attended_whole(tile, ignore_padding):
+  """attended_key_tiles: every (row, key) pair of a chunk's leading tiles is attended (padding
+  rows aside when ignored), and where the chunk's rows share the document of an unmixed block
+  the count is exact: the next tile is not attended whole."""
+  rng = np.random.default_rng()
+  b, t, block_size, r = 2, 512, 32, 16
+  q, k = _inputs(rng, b=b, t=t)
+  seg = packed_segments(rng, b, t, block_size, aligned=bool(rng.integers(2)))
+  sel = moba_gate(q, k, seg, jnp.asarray([4, 3], jnp.int32), block_size=block_size, k_max=4)
+  lay = gating.build_kv_layout(sel, seg, num_blocks=t // block_size, group_size=2, block_rows=r,
+                               mark_full=False, pad_rows=2 * r)
+  cb = np.asarray(lay.chunk_block_BGC)
+  tiles = np.asarray(gating.attended_key_tiles(
+      lay.chunk_block_BGC, lay.row_seg_BGL, lay.row_pos_BGL, seg, num_blocks=t // block_size,
+      block_rows=r, tile=tile, ignore_padding_rows=ignore_padding))
+  seg_np = np.asarray(seg)
+  exact = 0
+  for bi, gi, c in zip(*np.nonzero(cb >= 0)):
+    j = cb[bi, gi, c]
+    rseg = np.asarray(lay.row_seg_BGL)[bi, gi, c * r:(c + 1) * r]
+    rpos = np.asarray(lay.row_pos_BGL)[bi, gi, c * r:(c + 1) * r]
+    if ignore_padding:
+      rseg, rpos = rseg[rseg != 0], rpos[rseg != 0]
+    kseg = seg_np[bi, j * block_size:(j + 1) * block_size]
+    kpos = np.arange(j * block_size, (j + 1) * block_size)
+    whole = ((rseg[:, None] == kseg[None, :]) & (rseg[:, None] != 0)
+             & (kpos[None, :] <= rpos[:, None])).all(0).reshape(-1, tile).all(-1)
+    u = tiles[bi, gi, c]
+    assert whole[:u].all(), (bi, gi, c, u)
+    if len(rseg) and len(set(rseg)) == 1 and rseg[0] != 0 and (kseg == rseg[0]).all():
+      assert u == len(whole) or not whole[u], (bi, gi, c, u)
+      exact += 1
+  assert np.all(tiles[cb < 0] == 0)
+  assert exact > 0 and 0 < tiles.max() and (tiles[cb >= 0] < block_size // tile).any()
+
+
 def test_layout_padded_to_wider_runs():
   """pad_rows: every run of pad_rows rows reads one block, chunks of padding only are unused,
   and each (token, slot, head) still has exactly one row holding it."""

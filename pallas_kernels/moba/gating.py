@@ -374,15 +374,35 @@ def build_kv_layout(sel: MobaSelection, segment_ids_BT: jax.Array, *, num_blocks
 def full_chunks(chunk_block_BGC, row_seg_BGL, row_pos_BGL, segment_ids_BT, *, num_blocks,
                 block_rows) -> jax.Array:
   """int32 [B, G, C]: 1 where a chunk attends every pair of its block (MobaKVLayout)."""
+  return attended_key_tiles(chunk_block_BGC, row_seg_BGL, row_pos_BGL, segment_ids_BT,
+                            num_blocks=num_blocks, block_rows=block_rows,
+                            tile=segment_ids_BT.shape[1] // num_blocks)
+
+
+def attended_key_tiles(chunk_block_BGC, row_seg_BGL, row_pos_BGL, segment_ids_BT, *, num_blocks,
+                       block_rows, tile, ignore_padding_rows: bool = False) -> jax.Array:
+  """int32 [B, G, C]: how many leading `tile`-key tiles of a chunk's block the chunk attends
+  whole - every (row, key) pair - so a kernel can skip their mask; 0 for unused chunks.
+
+  Needs the chunk's rows in one document, that document's keys filling the block; then the
+  count is set by the chunk's first row: a key tile is whole when it ends at or before that
+  row's position (a chunk of a later block attends all block_size / tile of them). Padding
+  rows (segment 0) make the count 0, unless ignore_padding_rows: for kernels whose rows do
+  not interact and whose padding rows' outputs are never read (the forward, dq), where they
+  may attend anything."""
   b, g, c = chunk_block_BGC.shape
   n, r, t = num_blocks, block_rows, segment_ids_BT.shape[1]
   seg_BNS = segment_ids_BT.astype(jnp.int32).reshape(b, n, t // n)
   blk_seg_BN, blk_mixed_BN = seg_BNS[..., 0], (seg_BNS != seg_BNS[..., :1]).any(-1)
   rseg_BGCR = row_seg_BGL.reshape(b, g, c, r)
+  rpos_BGCR = row_pos_BGL.reshape(b, g, c, r)
+  counted_BGCR = (rseg_BGCR != 0) if ignore_padding_rows else jnp.ones_like(rseg_BGCR, bool)
+  doc_BGC = jnp.max(rseg_BGCR, -1)  # the chunk's document, if its counted rows share one
   j_BGC = jnp.maximum(chunk_block_BGC, 0)
-  full_BGC = ((chunk_block_BGC >= 0) & (rseg_BGCR == rseg_BGCR[..., :1]).all(-1)
-              & (rseg_BGCR[..., 0] != 0)
-              & (rseg_BGCR[..., 0] == jnp.take_along_axis(blk_seg_BN[:, None], j_BGC, axis=-1))
-              & ~jnp.take_along_axis(blk_mixed_BN[:, None], j_BGC, axis=-1)
-              & (row_pos_BGL.reshape(b, g, c, r).min(-1) // (t // n) > j_BGC))
-  return full_BGC.astype(jnp.int32)
+  one_doc_BGC = ((chunk_block_BGC >= 0) & (doc_BGC != 0)
+                 & jnp.where(counted_BGCR, rseg_BGCR == doc_BGC[..., None], True).all(-1)
+                 & (doc_BGC == jnp.take_along_axis(blk_seg_BN[:, None], j_BGC, axis=-1))
+                 & ~jnp.take_along_axis(blk_mixed_BN[:, None], j_BGC, axis=-1))
+  first_BGC = jnp.where(counted_BGCR, rpos_BGCR, t).min(-1) - j_BGC * (t // n)
+  tiles_BGC = jnp.clip((first_BGC + 1) // tile, 0, (t // n) // tile)
+  return jnp.where(one_doc_BGC, tiles_BGC, 0).astype(jnp.int32)

@@ -16,9 +16,9 @@ attention.py does not change. What differs:
   row by row by TMA after their ids (the swizzled wgmma tiles take no single-row copies), or
   one box per half when they come in sorted order (dq's presorted) - and each compute
   warpgroup moves its half into its swizzled tiles. The forward can store the q rows it
-  gathered, in sorted order (sorted_q), for the backward. Items that attend every pair of
-  their block run without the mask (forward); own-block items stop after their last query's
-  key tile.
+  gathered, in sorted order (sorted_q), for the backward. The key tiles an item attends
+  whole - all of a later block's, the ones before the diagonal of an own-block item - run
+  without the mask; own-block items stop after their last query's key tile.
 * dk/dv: items of DKV_TILE = 128 keys, one 64-key half per compute warpgroup, holding dK and
   dV in registers over the 64-row chunks of the block's run (q and dO in sorted order - q's
   rows from the forward, dO's from a Triton row-gather kernel, gather_rows - so a chunk is
@@ -95,7 +95,8 @@ def persistent_items(layout, segment_ids_BT, *, block_size: int, block_kv: int):
 
   Returns int32 arrays: the used items' flat ids (b * G + g) * I + i, used ones first, and
   their count [1]; per flat id its block, its key steps (own-block items stop after their
-  last query's tile) and whether it is full (every (row, key) pair attended: no mask)."""
+  last query's tile) and how many of them come first unmasked (every (row, key) pair
+  attended; gating.attended_key_tiles, padding rows ignored: their outputs are never read)."""
   b, g, l = layout.row_pos_BGL.shape
   items = l // ITEM_ROWS
   per_item = layout.chunk_block_BGC.shape[-1] // items
@@ -104,16 +105,18 @@ def persistent_items(layout, segment_ids_BT, *, block_size: int, block_kv: int):
   pos = jnp.where(layout.row_seg_BGL != 0, layout.row_pos_BGL, 0).reshape(-1, ITEM_ROWS)
   last = pos.max(-1) - jnp.maximum(blk, 0) * block_size
   steps = jnp.clip(last // block_kv + 1, 1, block_size // block_kv).astype(jnp.int32)
-  full = gating.full_chunks(blk_BGI, layout.row_seg_BGL, layout.row_pos_BGL, segment_ids_BT,
-                            num_blocks=segment_ids_BT.shape[1] // block_size,
-                            block_rows=ITEM_ROWS).reshape(-1)
+  unmasked = gating.attended_key_tiles(
+      blk_BGI, layout.row_seg_BGL, layout.row_pos_BGL, segment_ids_BT,
+      num_blocks=segment_ids_BT.shape[1] // block_size, block_rows=ITEM_ROWS, tile=block_kv,
+      ignore_padding_rows=True).reshape(-1)
   used = blk >= 0
   ids = jnp.nonzero(used, size=used.size, fill_value=0)[0].astype(jnp.int32)
-  return ids, used.sum(dtype=jnp.int32)[None], blk.astype(jnp.int32), steps, full
+  return ids, used.sum(dtype=jnp.int32)[None], blk.astype(jnp.int32), steps, unmasked
 
 
-def _item_reader(ids_ref, blk_ref, steps_ref, full_ref, *, grid, num_groups, items_per_group):
-  """Returns item_at(s): (b, g, i, block, key steps, full) of this CTA's s-th item
+def _item_reader(ids_ref, blk_ref, steps_ref, unmasked_ref, *, grid, num_groups,
+                 items_per_group):
+  """Returns item_at(s): (b, g, i, block, key steps, unmasked steps) of this CTA's s-th item
   (cta + s * grid), and item_loop(trips, body, init): the loop over the CTA's items,
   carry = body(s, item_at(s), carry), with each item's fields loaded one item ahead and its
   id two ahead, so that these global loads (a dependent pair) wait behind an item's work
@@ -125,7 +128,7 @@ def _item_reader(ids_ref, blk_ref, steps_ref, full_ref, *, grid, num_groups, ite
     i = lax.rem(flat, items_per_group)
     bg = lax.div(flat, items_per_group)
     return (lax.div(bg, num_groups), lax.rem(bg, num_groups), i, blk_ref[flat],
-            steps_ref[flat], full_ref[flat])
+            steps_ref[flat], unmasked_ref[flat])
 
   def item_loop(trips, body, init):
     def step(s, carry):
@@ -351,9 +354,9 @@ def _accumulate(acc, a, b_ref, p_smem):
   return acc + pl.run_scoped(fresh, plgpu.ACC(acc.shape, jnp.float32))
 
 
-def _fwd_kernel(ids_ref, num_ref, blk_ref, steps_ref, full_ref, src_ref, seg_ref, pos_ref, q_ref,
-                k_ref, v_ref, kseg_ref, o_ref, lse_ref, *refs, sm_scale, block_size, block_kv,
-                stages, num_groups, items_per_group, grid, p_in_smem, presorted):
+def _fwd_kernel(ids_ref, num_ref, blk_ref, steps_ref, unmasked_ref, src_ref, seg_ref, pos_ref,
+                q_ref, k_ref, v_ref, kseg_ref, o_ref, lse_ref, *refs, sm_scale, block_size,
+                block_kv, stages, num_groups, items_per_group, grid, p_in_smem, presorted):
   """Four warpgroups per CTA: two compute warpgroups (64 rows of an item each) and the two
   streams of _streams (K/V tiles; query rows). Each CTA runs items cta, cta + grid, ... of
   the used-item list, so the streams run on across items. The output leaves through the
@@ -363,7 +366,7 @@ def _fwd_kernel(ids_ref, num_ref, blk_ref, steps_ref, full_ref, src_ref, seg_ref
   bars = scoped.bars
   wg = lax.axis_index("wg")
   trips = _trips(num_ref[0], grid)
-  item_at, item_loop = _item_reader(ids_ref, blk_ref, steps_ref, full_ref, grid=grid,
+  item_at, item_loop = _item_reader(ids_ref, blk_ref, steps_ref, unmasked_ref, grid=grid,
                                     num_groups=num_groups, items_per_group=items_per_group)
   _streams(item_at, item_loop, trips, src_ref, [q_ref], [seg_ref, pos_ref], k_ref, v_ref,
            kseg_ref, scoped, block_size=block_size, block_kv=block_kv, stages=stages,
@@ -380,7 +383,7 @@ def _fwd_kernel(ids_ref, num_ref, blk_ref, steps_ref, full_ref, src_ref, seg_ref
     p_smem = scoped.p.at[wg] if p_in_smem else None
 
     def item_body(s, item, gstep):
-      b, g, i, j, n, full = item
+      b, g, i, j, n, unmasked = item
       rows = pl.ds(i * ITEM_ROWS + wg * _ROWS, _ROWS)
       with jax.named_scope("take_rows"):
         keep = _masker(*_take_rows(scoped, shape), scoped.kseg)
@@ -403,13 +406,21 @@ def _fwd_kernel(ids_ref, num_ref, blk_ref, steps_ref, full_ref, src_ref, seg_ref
 
         s_RK = pl.run_scoped(qk, plgpu.ACC(shape, jnp.float32))
         with jax.named_scope("softmax"):
-          s_RK = lax.cond(full != 0, lambda s_RK: s_RK * (sm_scale * _LOG2E),
-                          lambda s_RK: jnp.where(keep(slot, start), s_RK * (sm_scale * _LOG2E),
-                                                 _MASK), s_RK)
+          scale = sm_scale * _LOG2E
+
+          def unmasked_p(s_RK):
+            # The scale applied to the row maxima, so that p takes one fused multiply-add.
+            m_next = jnp.maximum(m_prev, s_RK.max(axis=1) * scale)
+            return m_next, jnp.exp2(s_RK * scale - lax.broadcast_in_dim(m_next, shape, [0]))
+
+          def masked_p(s_RK):
+            s_RK = jnp.where(keep(slot, start), s_RK * scale, _MASK)
+            m_next = jnp.maximum(m_prev, s_RK.max(axis=1))
+            return m_next, jnp.exp2(s_RK - lax.broadcast_in_dim(m_next, shape, [0]))
+
+          m_next, p = lax.cond(step < unmasked, unmasked_p, masked_p, s_RK)
           plgpu.barrier_arrive(bars.k_free.at[slot])  # K and its key segments read
-          m_next = jnp.maximum(m_prev, s_RK.max(axis=1))
           corr = jnp.exp2(m_prev - m_next)
-          p = jnp.exp2(s_RK - lax.broadcast_in_dim(m_next, shape, [0]))
           l_next = l_prev * corr + p.sum(axis=1)
           acc = acc * lax.broadcast_in_dim(corr, acc.shape, [0])
           p16 = p.astype(q_tile.dtype)
@@ -442,7 +453,7 @@ def _fwd_kernel(ids_ref, num_ref, blk_ref, steps_ref, full_ref, src_ref, seg_ref
     plgpu.wait_smem_to_gmem(0)
 
 
-def _dq_kernel(ids_ref, num_ref, blk_ref, steps_ref, full_ref, src_ref, seg_ref, pos_ref,
+def _dq_kernel(ids_ref, num_ref, blk_ref, steps_ref, unmasked_ref, src_ref, seg_ref, pos_ref,
                lse_ref, delta_ref, q_ref, do_ref, k_ref, v_ref, kseg_ref, dq_ref, scoped, *,
                sm_scale, block_size, block_kv, stages, num_groups, items_per_group, grid,
                p_in_smem, presorted):
@@ -453,7 +464,7 @@ def _dq_kernel(ids_ref, num_ref, blk_ref, steps_ref, full_ref, src_ref, seg_ref,
   bars = scoped.bars
   wg = lax.axis_index("wg")
   trips = _trips(num_ref[0], grid)
-  item_at, item_loop = _item_reader(ids_ref, blk_ref, steps_ref, full_ref, grid=grid,
+  item_at, item_loop = _item_reader(ids_ref, blk_ref, steps_ref, unmasked_ref, grid=grid,
                                     num_groups=num_groups, items_per_group=items_per_group)
   _streams(item_at, item_loop, trips, src_ref, [q_ref, do_ref], [seg_ref, pos_ref], k_ref, v_ref,
            kseg_ref, scoped, block_size=block_size, block_kv=block_kv, stages=stages,
@@ -469,7 +480,7 @@ def _dq_kernel(ids_ref, num_ref, blk_ref, steps_ref, full_ref, src_ref, seg_ref,
     p_smem = scoped.p.at[wg] if p_in_smem else None
 
     def item_body(s, item, carry):
-      b, g, i, j, n, full = item
+      b, g, i, j, n, unmasked = item
       rows = pl.ds(i * ITEM_ROWS + wg * _ROWS, _ROWS)
       # Global loads, issued before the wait for the item's rows.
       lse_RK = _per_row(lse_ref.at[b, g, rows], shape) * _LOG2E
@@ -498,7 +509,7 @@ def _dq_kernel(ids_ref, num_ref, blk_ref, steps_ref, full_ref, src_ref, seg_ref,
         plgpu.barrier_arrive(bars.v_free.at[slot])
         with jax.named_scope("ds"):
           p_RK = jnp.exp2(s_RK * (sm_scale * _LOG2E) - lse_RK)
-          p_RK = lax.cond(full != 0, lambda p: p,
+          p_RK = lax.cond(step < unmasked, lambda p: p,
                           lambda p: jnp.where(keep(slot, start), p, 0.0), p_RK)
           ds16 = (p_RK * (dp_RK - delta_RK)).astype(q_tile.dtype)
           acc, ds16 = lax.optimization_barrier((acc, ds16))
@@ -585,8 +596,8 @@ def _launch(kernel, args, out_type, *, name, layout, segment_ids_BT, block_size,
   warpgroups, the shared-memory buffers and barriers of _Scoped (gathered: the operands
   whose rows the streams gather; row_out: the kernel writes a per-row output)."""
   _, g, l = layout.row_src_BGL.shape
-  ids, num, blk, steps, full = persistent_items(layout, segment_ids_BT, block_size=block_size,
-                                                block_kv=block_kv)
+  ids, num, blk, steps, unmasked = persistent_items(layout, segment_ids_BT,
+                                                    block_size=block_size, block_kv=block_kv)
   num_ctas = _grid(num_ctas, interpret)
   transforms = _smem_transforms(dt)
   kernel = functools.partial(kernel, sm_scale=1.0 / math.sqrt(d), block_size=block_size,
@@ -619,7 +630,7 @@ def _launch(kernel, args, out_type, *, name, layout, segment_ids_BT, block_size,
     pl.run_scoped(lambda scoped: kernel(*refs, scoped), scratch, collective_axes="wg")
 
   return _persistent_call(entry, out_type, name=name, num_ctas=num_ctas, warpgroups=4,
-                          interpret=interpret)(ids, num, blk, steps, full, *args)
+                          interpret=interpret)(ids, num, blk, steps, unmasked, *args)
 
 
 def moba_forward_rows(q_BSD, layout, k_BTKD, v_BTKD, segment_ids_BT, *, block_size,
