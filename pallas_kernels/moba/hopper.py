@@ -585,7 +585,14 @@ def _persistent_call(entry, out_type, *, name, num_ctas, warpgroups, interpret):
       num_threads=warpgroups,
       thread_name="wg",
       kernel_name=name,
-      compiler_params=plgpu.CompilerParams(approx_math=True, **extra),
+      # No automatic warpgroup barriers around shared-memory reads, writes and copies: in
+      # these kernels no thread reads a region it (or its warpgroup) also writes - operands
+      # land by TMA and are read by threads or wgmma, outputs are written by threads and read
+      # by TMA - and the ordering they need is explicit (mbarriers, commit_smem and the
+      # copy waits, which carry their own warpgroup barrier). The automatic ones cost a
+      # barrier per copy: 128 per item in the forward's row gather.
+      compiler_params=plgpu.CompilerParams(approx_math=True, unsafe_no_auto_barriers=True,
+                                           **extra),
       interpret=_interpret_params(interpret),
   )
 
@@ -718,9 +725,10 @@ def _sorted(x_BSD, x_rows, layout, interpret, name):
   return x_rows
 
 
-def _dkv_kernel(ids_ref, first_ref, end_ref, seg_ref, pos_ref, lse2_ref, delta_ref, qs_ref,
-                dos_ref, k_ref, v_ref, kseg_ref, dk_ref, dv_ref, scoped, *, sm_scale,
-                tiles_per_row, num_groups, num_items, grid, stages, p_in_smem):
+def _dkv_kernel(ids_ref, first_ref, end_ref, whole_ref, seg_ref, pos_ref, lse2_ref, delta_ref,
+                qs_ref, dos_ref, k_ref, v_ref, kseg_ref, dk_ref, dv_ref, scoped, *, sm_scale,
+                tiles_per_row, tiles_per_block, num_groups, num_items, grid, stages,
+                p_in_smem):
   """dk/dv per key tile of DKV_TILE keys: each compute warpgroup holds dK, dV of its 64 keys
   in registers over the 64-row chunks of the tile's block (q and dO rows already in sorted
   order, so each chunk is one TMA box), computing S^T = K q^T and dP^T = V dO^T, then
@@ -729,7 +737,8 @@ def _dkv_kernel(ids_ref, first_ref, end_ref, seg_ref, pos_ref, lse2_ref, delta_r
   K/V (two buffers, so the next tile's load overlaps this one's chunks) and the chunks
   (`stages` slots: q, dO and the rows' lse, delta, segment and position). dK and dV leave
   through the warpgroup's half of the K/V buffer. Persistent: CTA c runs items c, c + grid,
-  ... of ids (tiles ordered by decreasing work outside)."""
+  ... of ids (tiles ordered by decreasing work outside). A chunk skips the mask for the key
+  tiles it attends whole (whole_ref [B, G, C]: the first that many tiles of its block)."""
   q_smem, do_smem, rowf_smem, rowi_smem, k_smem, v_smem, p_smem, bars = scoped
   kv_bar, kv_free, chunk_bar, chunk_free, sched = bars
   frees = _slots(kv_free, 2) + _slots(chunk_free, stages)
@@ -796,6 +805,7 @@ def _dkv_kernel(ids_ref, first_ref, end_ref, seg_ref, pos_ref, lse2_ref, delta_r
       def chunk_body(c, carry):
         dk, dv, cstep = carry
         slot = lax.rem(cstep, stages)
+        whole = lax.rem(n, tiles_per_block) < whole_ref[b, g, c]  # loaded under the waits
         with jax.named_scope("wait_chunk"):
           plgpu.barrier_wait(chunk_bar.at[slot])
         q_t, do_t = q_smem.at[slot], do_smem.at[slot]
@@ -811,11 +821,15 @@ def _dkv_kernel(ids_ref, first_ref, end_ref, seg_ref, pos_ref, lse2_ref, delta_r
         s_KR, dp_KR = pl.run_scoped(products, plgpu.ACC(shape, jnp.float32),
                                     plgpu.ACC(shape, jnp.float32))
         with jax.named_scope("ds"):
-          seg_KR = cols(rowi_smem.at[slot, 0])
-          keep = ((seg_KR == kseg_KR) & (seg_KR != 0)
-                  & (kpos_KR <= cols(rowi_smem.at[slot, 1])))
-          p_KR = jnp.where(
-              keep, jnp.exp2(s_KR * (sm_scale * _LOG2E) - cols(rowf_smem.at[slot, 0])), 0.0)
+          p_KR = jnp.exp2(s_KR * (sm_scale * _LOG2E) - cols(rowf_smem.at[slot, 0]))
+
+          def masked(p_KR):
+            seg_KR = cols(rowi_smem.at[slot, 0])
+            keep = ((seg_KR == kseg_KR) & (seg_KR != 0)
+                    & (kpos_KR <= cols(rowi_smem.at[slot, 1])))
+            return jnp.where(keep, p_KR, 0.0)
+
+          p_KR = lax.cond(whole, lambda p_KR: p_KR, masked, p_KR)
           ds_KR = p_KR * (dp_KR - cols(rowf_smem.at[slot, 1]))
           p16, ds16 = p_KR.astype(q_t.dtype), ds_KR.astype(q_t.dtype)
           dk, dv, p16, ds16 = lax.optimization_barrier((dk, dv, p16, ds16))
@@ -883,7 +897,9 @@ def moba_dkv(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_id
   dt = q_rows.dtype
   transforms = _smem_transforms(dt)
   kernel = functools.partial(_dkv_kernel, sm_scale=1.0 / math.sqrt(d),
-                             tiles_per_row=t // DKV_TILE, num_groups=g, num_items=num_items,
+                             tiles_per_row=t // DKV_TILE,
+                             tiles_per_block=block_size // DKV_TILE, num_groups=g,
+                             num_items=num_items,
                              grid=num_ctas, stages=stages, p_in_smem=bool(interpret))
 
   def entry(*refs):
@@ -905,7 +921,10 @@ def moba_dkv(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_id
                                   jax.ShapeDtypeStruct(v_BTKD.shape, v_BTKD.dtype)],
                           name="moba_dkv_hopper", num_ctas=num_ctas, warpgroups=3,
                           interpret=interpret)
-  return call(ids, first, end, layout.row_seg_BGL, layout.row_pos_BGL,
+  whole = gating.attended_key_tiles(layout.chunk_block_BGC, layout.row_seg_BGL,
+                                    layout.row_pos_BGL, segment_ids_BT,
+                                    num_blocks=t // block_size, block_rows=_ROWS, tile=DKV_TILE)
+  return call(ids, first, end, whole, layout.row_seg_BGL, layout.row_pos_BGL,
               sorted_rows(lse_BS * _LOG2E, layout), sorted_rows(delta_BS, layout),
               q_rows, do_rows.astype(dt),
               k_BTKD, v_BTKD, segment_ids_BT.astype(jnp.int32))
