@@ -88,26 +88,31 @@ def test_gather_rows_match_xla_gather():
     kernels.gather_rows(do_BSD, layout, run_rows=96, interpret=True)
 
 
-@pytest.mark.parametrize("hq, hkv, block_size, presorted", [(2, 1, 128, False),
-                                                           (2, 2, 256, True)])
-def test_dq_rows_match_triton_dq(hq, hkv, block_size, presorted):
+@pytest.mark.parametrize("hq, hkv, block_size, presorted, sorted_do", [
+    (2, 1, 128, False, False), (2, 2, 256, True, False), (2, 1, 256, True, True)])
+def test_dq_rows_match_triton_dq(hq, hkv, block_size, presorted, sorted_do):
   """Partial dq of every row a used chunk holds equals the Triton dq kernel's with the same
   64-key tiles, given the same final lse and delta, on fresh inputs with packed documents
-  and ragged budgets, with q and dO rows gathered by the kernel or by XLA beforehand; the
-  interpreter's race detector watches the run."""
+  and ragged budgets, with q and dO rows gathered by the kernel, by the row-gather kernel
+  beforehand, or q's beforehand and dO's by the kernel, which then also returns them in
+  sorted order (sorted_do); the interpreter's race detector watches the run."""
   from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks
   from jax.experimental.pallas import mosaic_gpu as plgpu
   args = kernel_args(hq, hkv, block_size)
   layout = args[4]
   want = kernels.moba_dq_rows(*args, block_size=block_size, bs=HOPPER, interpret=True)
   got = hopper.moba_dq_rows(*args, block_size=block_size, bs=HOPPER, num_ctas=3,
-                            presorted=presorted,
+                            presorted=presorted, sorted_do=sorted_do,
                             interpret=plgpu.InterpretGPUParams(detect_races=True))
   jax.block_until_ready(got)
   assert not gpu_callbacks.get_races().races_found
-  assert got.dtype == jnp.bfloat16 and got.shape == want.shape
   real_BGL = np.repeat(np.asarray(layout.chunk_block_BGC) >= 0, HOPPER.block_rows, axis=-1) & (
       np.asarray(layout.row_seg_BGL) != 0)
+  if sorted_do:
+    got, do_rows = got
+    np.testing.assert_array_equal(np.asarray(do_rows)[real_BGL],
+                                  np.asarray(hopper.sorted_rows(args[1], layout))[real_BGL])
+  assert got.dtype == jnp.bfloat16 and got.shape == want.shape
   got, want = (np.asarray(x, np.float32)[real_BGL] for x in (got, want))
   # Same float32 sums of bf16 products; each side rounds dS to bf16 once per key (one ulp,
   # 2^-8 relative, where the two exponentials differ in their last bits) and dq once.
@@ -230,13 +235,14 @@ def test_gpu_compiled_mosaic_kernels_match_reference():
     ("fwd", 16, 16, 128, 512, 2, True), ("fwd", 14, 2, 64, 256, 2, True),
     ("fwd", 16, 16, 128, 512, 3, False),
     ("dq", 16, 16, 128, 512, 2, True), ("dq", 16, 16, 128, 512, 3, True),
-    ("dq", 16, 16, 128, 512, 4, False),
+    ("dq", 16, 16, 128, 512, 4, False), ("dq_sorted_do", 16, 16, 128, 512, 2, True),
+    ("dq_sorted_do", 16, 16, 128, 512, 3, False),
     ("dkv", 16, 16, 128, 512, 2, True), ("dkv", 14, 2, 64, 256, 2, True),
     ("dkv", 16, 16, 128, 512, 3, False)])
 def test_kernels_fit_h200_shared_memory(kernel, hq, hkv, d, block_size, stages, fits):
   """Lowered ahead of time for an H200 on the CPU (Mosaic GPU sizes shared memory while
   lowering): each kernel's default configuration fits at the headline shapes; one more
-  pipeline stage at head_dim 128 does not (dq: two more)."""
+  pipeline stage at head_dim 128 does not (dq with both operands sorted: two more)."""
   from jax.sharding import AbstractMesh
   from experiments.triton_ir import H200
   from pallas_kernels.moba.attention import _fused_gate
@@ -253,7 +259,9 @@ def test_kernels_fit_h200_shared_memory(kernel, hq, hkv, d, block_size, stages, 
     if kernel == "fwd":
       return hopper.moba_forward_rows(flat(q), layout, k, v, seg, **common)
     lse = jnp.zeros((1, t, hq), jnp.float32)
-    fn = hopper.moba_dq_rows if kernel == "dq" else hopper.moba_dkv
+    if kernel == "dq_sorted_do":
+      common["sorted_do"] = True
+    fn = hopper.moba_dkv if kernel == "dkv" else hopper.moba_dq_rows
     return fn(flat(q), flat(do), flat(lse), flat(lse), layout, k, v, seg, **common)
 
   args = (shape(hq), shape(hkv), shape(hkv), shape(hq), jax.ShapeDtypeStruct((1, t), jnp.int32),

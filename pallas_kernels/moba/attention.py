@@ -80,11 +80,12 @@ BACKENDS = {"triton": kernels, "mosaic": hopper}
 # Rows each block's run is padded to, where a kernel set needs more than block_rows.
 _PAD_ROWS = {"mosaic": hopper.ITEM_ROWS}
 # Kernel sets whose backward kernels read q and dO rows in sorted order: their forward also
-# returns q's (sorted_q=True), and the row gather named here sorts dO once for both backward
-# kernels (q_rows=, do_rows=). The residual is then q's sorted rows in place of q: about
-# k_max times q's size (plus run padding), the buffer the backward would otherwise gather
-# anyway; under the model's per-layer remat it lives only inside a layer's backward.
-_SORTED_ROWS = {"mosaic": hopper.gather_rows}
+# returns q's (sorted_q=True), and their dq kernel gathers dO's and returns them sorted too
+# (sorted_do=True), for dk/dv (q_rows=, do_rows=). The residual is then q's sorted rows in
+# place of q: about k_max times q's size (plus run padding), the buffer the backward would
+# otherwise gather anyway; under the model's per-layer remat it lives only inside a layer's
+# backward.
+_SORTED_ROWS = {"mosaic"}
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8, 9, 10))
@@ -128,18 +129,17 @@ def _moba_bwd(block_size, bs, interpret, backend, res, do_BTHD):
   delta_BTH = jnp.einsum("bthd,bthd->bth", out_BTHD.astype(jnp.float32),
                          do_BTHD.astype(jnp.float32))
   flat = lambda x: x.reshape(b, t * hq, *x.shape[3:])
+  rows = (flat(lse_BTH), flat(delta_BTH), layout, k_BTKD, v_BTKD, segment_ids_BT)
+  common = dict(block_size=block_size, bs=bs, interpret=interpret)
+  kernel_set = BACKENDS[backend]
   if backend in _SORTED_ROWS:
-    q_arg, do_arg = None, None
-    kw = {"q_rows": q_saved,
-          "do_rows": _SORTED_ROWS[backend](flat(do_BTHD), layout, interpret)}
+    dq_BGLD, do_rows = kernel_set.moba_dq_rows(None, flat(do_BTHD), *rows, q_rows=q_saved,
+                                               sorted_do=True, **common)
+    dk_BTKD, dv_BTKD = kernel_set.moba_dkv(None, None, *rows, q_rows=q_saved,
+                                           do_rows=do_rows, **common)
   else:
-    q_arg, do_arg, kw = flat(q_saved), flat(do_BTHD), {}
-  args = (q_arg, do_arg, flat(lse_BTH), flat(delta_BTH), layout, k_BTKD, v_BTKD,
-          segment_ids_BT)
-  dq_BGLD = BACKENDS[backend].moba_dq_rows(*args, block_size=block_size, bs=bs,
-                                           interpret=interpret, **kw)
-  dk_BTKD, dv_BTKD = BACKENDS[backend].moba_dkv(*args, block_size=block_size, bs=bs,
-                                                interpret=interpret, **kw)
+    dq_BGLD = kernel_set.moba_dq_rows(flat(q_saved), flat(do_BTHD), *rows, **common)
+    dk_BTKD, dv_BTKD = kernel_set.moba_dkv(flat(q_saved), flat(do_BTHD), *rows, **common)
   dq_BTHD = _merge(dq_BGLD, None, sel, layout, None, gh, interpret).astype(out_BTHD.dtype)
   return dq_BTHD, dk_BTKD, dv_BTKD, None, None, None, None
 

@@ -148,7 +148,7 @@ def _trips(num, grid):
 
 
 def _streams(item_at, item_loop, trips, src_ref, gathered, row_refs, k_ref, v_ref, kseg_ref,
-             scoped, *, block_size, block_kv, stages, presorted=False):
+             scoped, *, block_size, block_kv, stages, presorted):
   """The two streaming warpgroups, shared by the forward and dq kernels.
 
   Warpgroup 2 streams each item's K/V tiles into `stages` slots by TMA, straight on from one
@@ -161,8 +161,9 @@ def _streams(item_at, item_loop, trips, src_ref, gathered, row_refs, k_ref, v_re
   item's while this one computes), then one copy per row into a plain buffer, which the
   compute warpgroups move into their swizzled tiles. 128 single-row copies per item and ref,
   issued by one thread, would hold up the K/V stream if one warpgroup issued both.
-  presorted: the refs in `gathered` already hold the rows in sorted order ([B, G, L, D]),
-  so each half is one box copy and no row ids are read."""
+  presorted: per ref of `gathered`, whether it already holds the rows in sorted order
+  ([B, G, L, D]): then each half is one box copy (and with every ref so, no row ids are
+  read)."""
   idx_smem, stage_smems, k_smem, v_smem = scoped.idx, scoped.stages, scoped.k, scoped.v
   bars = scoped.bars
   wg = lax.axis_index("wg")
@@ -198,7 +199,7 @@ def _streams(item_at, item_loop, trips, src_ref, gathered, row_refs, k_ref, v_re
     def fetch_ids(s):
       b, g, i, _, _, _ = item_at(s)
       plgpu.copy_gmem_to_smem(src_ref.at[b, g, pl.ds(i * ITEM_ROWS, ITEM_ROWS)],
-                              idx_smem.at[lax.rem(s, 2)], bars.idx.at[lax.rem(s, 2)])
+                              idx_smem, bars.idx)
 
     def copy_row_values(b, g, i):
       for w in range(2):
@@ -206,7 +207,7 @@ def _streams(item_at, item_loop, trips, src_ref, gathered, row_refs, k_ref, v_re
         for n, ref in enumerate(row_refs):
           plgpu.copy_gmem_to_smem(ref.at[b, g, rows], scoped.rowi.at[w, n], bars.rows.at[w])
 
-    if presorted:
+    if all(presorted):
       @pl.loop(0, trips)
       def _item(s):
         b, g, i, _, _, _ = item_at(s)
@@ -225,27 +226,32 @@ def _streams(item_at, item_loop, trips, src_ref, gathered, row_refs, k_ref, v_re
     @pl.loop(0, trips)
     def _item(s):
       b, g, i, _, _, _ = item_at(s)
-      islot = lax.rem(s, 2)
       with jax.named_scope("wait_rows_free"):
-        plgpu.barrier_wait(bars.idx.at[islot])
+        plgpu.barrier_wait(bars.idx)
         plgpu.barrier_wait(bars.rows_free)  # both halves of the last item moved to their tiles
       copy_row_values(b, g, i)
       with jax.named_scope("gather"):
         for w in range(2):
+          rows = pl.ds(i * ITEM_ROWS + w * _ROWS, _ROWS)
+          for ref, stage, whole in zip(gathered, stage_smems, presorted):
+            if whole:
+              plgpu.copy_gmem_to_smem(ref.at[b, g, rows], stage.at[w], bars.rows.at[w])
           for r in range(_ROWS):
-            row = pl.ds(idx_smem[islot, w * _ROWS + r], 1)
-            for ref, stage in zip(gathered, stage_smems):
-              plgpu.copy_gmem_to_smem(ref.at[b, row], stage.at[w, pl.ds(r, 1)],
-                                      bars.rows.at[w])
-      # Into the other slot, last read for the previous item's rows: the next item's ids
-      # arrive while this item computes.
+            row = pl.ds(idx_smem[w * _ROWS + r], 1)
+            for ref, stage, whole in zip(gathered, stage_smems, presorted):
+              if not whole:
+                plgpu.copy_gmem_to_smem(ref.at[b, row], stage.at[w, pl.ds(r, 1)],
+                                        bars.rows.at[w])
+      # The next item's ids arrive while this item computes, once every thread has read
+      # this item's (the warpgroup barrier, after a proxy fence, of commit_smem).
+      plgpu.commit_smem()
       pl.when(s + 1 < trips)(lambda: fetch_ids(s + 1))
 
     _await_last_frees([bars.rows_free])
 
 
 class _Bars(NamedTuple):
-  idx: Any       # row ids of an item landed (two slots)
+  idx: Any       # row ids of an item landed
   rows: Any      # a half's gathered rows landed (per compute warpgroup)
   rows_free: Any  # both halves moved out of the staging buffers
   k: Any         # K tile and its key segment ids landed (per slot)
@@ -256,7 +262,7 @@ class _Bars(NamedTuple):
 
 
 class _Scoped(NamedTuple):
-  idx: Any      # (2, ITEM_ROWS) int32 row ids (rows gathered in the kernel)
+  # The large, 1024-byte aligned buffers first: the small ones after them pad nothing.
   stages: Any   # per gathered ref: (2, 64, D) plain staging
   tiles: Any    # per gathered ref: (2, 64, D) swizzled wgmma operand, one per warpgroup
   k: Any        # (stages, block_kv, D) swizzled
@@ -264,6 +270,7 @@ class _Scoped(NamedTuple):
   kseg: Any     # (stages, block_kv) int32: the K tile's key segment ids
   rowi: Any     # (2, 2, 64) int32: each half's rows' segment and position
   row_out: Any  # forward: (2, 64) float32, the lse on its way out
+  idx: Any      # (ITEM_ROWS,) int32 row ids (rows gathered in the kernel)
   p: Any        # interpret mode only: (2, 64, block_kv) swizzled P / dS
   bars: _Bars
 
@@ -454,13 +461,16 @@ def _fwd_kernel(ids_ref, num_ref, blk_ref, steps_ref, unmasked_ref, src_ref, seg
 
 
 def _dq_kernel(ids_ref, num_ref, blk_ref, steps_ref, unmasked_ref, src_ref, seg_ref, pos_ref,
-               lse_ref, delta_ref, q_ref, do_ref, k_ref, v_ref, kseg_ref, dq_ref, scoped, *,
+               lse_ref, delta_ref, q_ref, do_ref, k_ref, v_ref, kseg_ref, dq_ref, *refs,
                sm_scale, block_size, block_kv, stages, num_groups, items_per_group, grid,
                p_in_smem, presorted):
   """dq per sorted row, on the forward's structure: the streams gather q and dO rows; each
   compute warpgroup runs S = q K^T and dP = dO V^T, dS = P (dP - delta) with
   P = exp(S - lse), and dq += dS K (dS from registers), taking turns on the tensor cores
-  with the other. lse and delta come per sorted row. dq leaves through the q tile."""
+  with the other. lse and delta come per sorted row. dq leaves through the q tile. With a
+  second output (refs = (dos_ref, scoped)), each warpgroup also stores its dO rows there, in
+  sorted order, for the dk/dv kernel."""
+  dos_ref, scoped = refs if len(refs) == 2 else (None, *refs)
   bars = scoped.bars
   wg = lax.axis_index("wg")
   trips = _trips(num_ref[0], grid)
@@ -487,6 +497,8 @@ def _dq_kernel(ids_ref, num_ref, blk_ref, steps_ref, unmasked_ref, src_ref, seg_
       delta_RK = _per_row(delta_ref.at[b, g, rows], shape)
       with jax.named_scope("take_rows"):
         keep = _masker(*_take_rows(scoped, shape), scoped.kseg)
+      if dos_ref is not None:
+        plgpu.copy_smem_to_gmem(do_tile, dos_ref.at[b, g, rows])
 
       def step_body(step, carry):
         acc, gstep = carry
@@ -598,10 +610,12 @@ def _persistent_call(entry, out_type, *, name, num_ctas, warpgroups, interpret):
 
 
 def _launch(kernel, args, out_type, *, name, layout, segment_ids_BT, block_size, block_kv, stages,
-            gathered, d, dt, num_ctas, interpret, presorted=False, row_out=False):
+            presorted, d, dt, num_ctas, interpret, row_out=False):
   """Runs a compute kernel with its streams: persistent CTAs over the used items, four
-  warpgroups, the shared-memory buffers and barriers of _Scoped (gathered: the operands
-  whose rows the streams gather; row_out: the kernel writes a per-row output)."""
+  warpgroups, the shared-memory buffers and barriers of _Scoped (presorted: per operand
+  whose rows the streams bring, whether it is in sorted order already or gathered row by
+  row; row_out: the kernel writes a per-row output)."""
+  gathered = len(presorted)
   _, g, l = layout.row_src_BGL.shape
   ids, num, blk, steps, unmasked = persistent_items(layout, segment_ids_BT,
                                                     block_size=block_size, block_kv=block_kv)
@@ -614,7 +628,7 @@ def _launch(kernel, args, out_type, *, name, layout, segment_ids_BT, block_size,
 
   def entry(*refs):
     scratch = _Scoped(
-        idx=None if presorted else plgpu.SMEM((2, ITEM_ROWS), jnp.int32),
+        idx=None if all(presorted) else plgpu.SMEM((ITEM_ROWS,), jnp.int32),
         stages=[plgpu.SMEM((2, _ROWS, d), dt) for _ in range(gathered)],
         tiles=[plgpu.SMEM((2, _ROWS, d), dt, transforms=transforms) for _ in range(gathered)],
         k=plgpu.SMEM((stages, block_kv, d), dt, transforms=transforms),
@@ -624,9 +638,10 @@ def _launch(kernel, args, out_type, *, name, layout, segment_ids_BT, block_size,
         row_out=plgpu.SMEM((2, _ROWS), jnp.float32) if row_out else None,
         p=plgpu.SMEM((2, _ROWS, block_kv), dt, transforms=transforms) if interpret else None,
         bars=_Bars(
-            idx=plgpu.Barrier(num_barriers=2),
+            idx=plgpu.Barrier(),
             rows=plgpu.Barrier(
-                num_arrivals=gathered * (1 if presorted else _ROWS) + 2,  # + segment, position
+                # a box or a copy per row, per operand; + segment, position
+                num_arrivals=sum(1 if p else _ROWS for p in presorted) + 2,
                 num_barriers=2),
             rows_free=plgpu.Barrier(num_arrivals=2),
             k=plgpu.Barrier(num_arrivals=2, num_barriers=stages),  # K, key segments
@@ -665,44 +680,54 @@ def moba_forward_rows(q_BSD, layout, k_BTKD, v_BTKD, segment_ids_BT, *, block_si
       [jax.ShapeDtypeStruct((b, g, l, d), dt), jax.ShapeDtypeStruct((b, g, l), jnp.float32)]
       + [jax.ShapeDtypeStruct((b, g, l, d), dt)] * sorted_q,
       name="moba_fwd_hopper", layout=layout, segment_ids_BT=segment_ids_BT,
-      block_size=block_size, block_kv=bkv, stages=stages, gathered=1, d=d, dt=dt, row_out=True,
-      num_ctas=num_ctas, interpret=interpret)
+      block_size=block_size, block_kv=bkv, stages=stages, presorted=(False,), d=d, dt=dt,
+      row_out=True, num_ctas=num_ctas, interpret=interpret)
 
 
 def moba_dq_rows(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_ids_BT, *,
                  block_size, bs: MobaBlockSizes, interpret: bool | plgpu.InterpretGPUParams,
-                 block_kv: int = 64, stages: int = 3, num_ctas: int | None = None,
-                 presorted: bool = True, q_rows=None, do_rows=None):
+                 block_kv: int = 64, stages: int | None = None, num_ctas: int | None = None,
+                 presorted: bool = True, q_rows=None, do_rows=None, sorted_do: bool = False):
   """Partial dq [B, G, L, D] (q dtype) per sorted row, as kernels.moba_dq_rows, on a layout
   padded with pad_rows=ITEM_ROWS. lse and delta are read per sorted row (gathered here, a
   few bytes per row); q and dO too with presorted (in sorted order, gather_rows, the same
   arrays moba_dkv reads, so one gather serves both), else the kernel gathers their rows
   itself. Two operands take twice the staging and tile space of the forward, hence 64-key
-  K/V tiles (three stages fit at head_dim 128, four do not). q_rows / do_rows (presorted
+  K/V tiles: three stages (the default) fit at head_dim 128 when both operands come sorted,
+  two (the default otherwise) when the kernel gathers rows, whose ids take a little more
+  shared memory. q_rows / do_rows (presorted
   only): q's / dO's rows already in sorted order (the forward's sorted_q output,
-  gather_rows), in place of q_BSD / do_BSD, which may then be None."""
+  gather_rows), in place of q_BSD / do_BSD, which may then be None.
+
+  sorted_do: the kernel gathers dO's rows itself (from do_BSD; q as presorted says) and
+  also returns them in sorted order, [B, G, L, D] on the rows of used items, for moba_dkv's
+  do_rows: (dq, do_rows)."""
   b, g, l = layout.row_src_BGL.shape
-  if presorted:
-    q = _sorted(q_BSD, q_rows, layout, interpret, "q")
-    operands = (q, _sorted(do_BSD, do_rows, layout, interpret, "do").astype(q.dtype))
-  elif q_rows is not None or do_rows is not None:
+  if (q_rows is not None or do_rows is not None) and not presorted:
     raise ValueError("q_rows / do_rows (rows in sorted order) need presorted=True")
+  if sorted_do and (do_BSD is None or do_rows is not None):
+    raise ValueError("sorted_do gathers dO's rows in the kernel: give do_BSD, not do_rows")
+  q = _sorted(q_BSD, q_rows, layout, interpret, "q") if presorted else q_BSD
+  if sorted_do or not presorted:
+    do = do_BSD.astype(q.dtype)
   else:
-    operands = (q_BSD, do_BSD.astype(q_BSD.dtype))
-  dt = operands[0].dtype
-  d = operands[0].shape[-1]
+    do = _sorted(do_BSD, do_rows, layout, interpret, "do").astype(q.dtype)
+  dt = q.dtype
+  d = q.shape[-1]
   _check_operands(dt, d, bs)
   bkv = _check_layout(layout, block_size, block_kv)
-  [dq_BGLD] = _launch(
+  gathers = not presorted or sorted_do
+  out = _launch(
       _dq_kernel,
       (layout.row_src_BGL, layout.row_seg_BGL, layout.row_pos_BGL, sorted_rows(lse_BS, layout),
-       sorted_rows(delta_BS, layout), *operands, k_BTKD, v_BTKD,
+       sorted_rows(delta_BS, layout), q, do, k_BTKD, v_BTKD,
        segment_ids_BT.astype(jnp.int32)),
-      [jax.ShapeDtypeStruct((b, g, l, d), dt)],
+      [jax.ShapeDtypeStruct((b, g, l, d), dt)] * (2 if sorted_do else 1),
       name="moba_dq_hopper", layout=layout, segment_ids_BT=segment_ids_BT,
-      block_size=block_size, block_kv=bkv, stages=stages, gathered=2, d=d, dt=dt,
-      num_ctas=num_ctas, interpret=interpret, presorted=presorted)
-  return dq_BGLD
+      block_size=block_size, block_kv=bkv, stages=stages or (2 if gathers else 3),
+      presorted=(presorted, presorted and not sorted_do), d=d, dt=dt, num_ctas=num_ctas,
+      interpret=interpret)
+  return tuple(out) if sorted_do else out[0]
 
 
 def gather_rows(x_BSD, layout, interpret):
