@@ -14,15 +14,20 @@ attention.py does not change. What differs:
   warpgroup streams the K/V tiles (`stages` slots) straight on from item to item; a fourth
   warpgroup brings the item's q (dq: and dO) rows into a plain staging buffer - gathered
   row by row by TMA after their ids (the swizzled wgmma tiles take no single-row copies), or
-  one box per half when they come in sorted order (dq's presorted) - and each compute
-  warpgroup moves its half into its swizzled tiles. The forward can store the q rows it
-  gathered, in sorted order (sorted_q), for the backward. The key tiles an item attends
-  whole - all of a later block's, the ones before the diagonal of an own-block item - run
-  without the mask; own-block items stop after their last query's key tile.
+  one box per half when they come in sorted order (q in dq) - and each compute warpgroup
+  moves its half into its swizzled tiles. The forward can store the q rows it gathered, in
+  sorted order (sorted_q), and dq the dO rows (sorted_do), for the backward. The key tiles
+  an item attends whole - all of a later block's, the ones before the diagonal of an
+  own-block item - run without the mask; own-block items stop after their last query's key
+  tile.
 * dk/dv: items of DKV_TILE = 128 keys, one 64-key half per compute warpgroup, holding dK and
   dV in registers over the 64-row chunks of the block's run (q and dO in sorted order - q's
-  rows from the forward, dO's from a Triton row-gather kernel, gather_rows - so a chunk is
-  one box), longest items first.
+  rows from the forward, dO's from dq - so a chunk is one box), longest items first; the
+  key tiles a chunk attends whole skip the mask.
+
+The kernels carry no automatic warpgroup barriers (CompilerParams.unsafe_no_auto_barriers):
+no thread reads shared memory its warpgroup also writes, and the ordering they need is
+explicit. Their named regions (jax.named_scope) are what hopper.profile_kernels records.
 
 bf16 only (wgmma's 16-bit path); float32 inputs stay on the Triton kernels. In interpret mode
 (CPU tests) P and dS go through shared memory, the one wgmma operand form the interpreter
