@@ -267,7 +267,6 @@ class _Bars(NamedTuple):
 
 
 class _Scoped(NamedTuple):
-  # The large, 1024-byte aligned buffers first: the small ones after them pad nothing.
   stages: Any   # per gathered ref: (2, 64, D) plain staging
   tiles: Any    # per gathered ref: (2, 64, D) swizzled wgmma operand, one per warpgroup
   k: Any        # (stages, block_kv, D) swizzled
