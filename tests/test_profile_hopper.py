@@ -1,0 +1,37 @@
+"""The on-chip profile reader of experiments/profile_hopper.py on a hand-made trace."""
+
+import pytest
+
+from experiments.profile_hopper import summarize
+
+
+def _region(tid, name, begin, end):
+  """A begin/end pair as Mosaic GPU's profiler writes it (ts: cycles / 1000)."""
+  return [{"name": name, "ph": "B", "ts": begin / 1e3, "pid": 1, "tid": tid},
+          {"name": name, "ph": "E", "ts": end / 1e3, "pid": 1, "tid": tid}]
+
+
+def test_cycles_per_item_by_region_and_role():
+  """Two CTAs of two warpgroups (tid = 1 + wg + 2 * cta): per role, the mean over CTAs of
+  each top-level region's cycles per item (items counted by their epilogues), nested regions
+  inside their parent, and the span's rest as "other"."""
+  events = []
+  for cta, scale in ((0, 1), (1, 3)):
+    compute, stream = 1 + 2 * cta, 2 + 2 * cta
+    for item in range(2):  # two items of 1000 cycles: softmax 400, epilogue 100
+      t0 = item * 1000 * scale
+      events += _region(compute, "softmax", t0, t0 + 400 * scale)
+      events += _region(compute, "turn", t0 + 50 * scale, t0 + 100 * scale)  # nested
+      events += _region(compute, "epilogue", t0 + 900 * scale, t0 + 1000 * scale)
+    events += _region(stream, "gather", 0, 1500 * scale)
+    events += _region(stream, "wait_rows_free", 1500 * scale, 2000 * scale)
+  out = summarize({"traceEvents": events}, warpgroups=2)
+  wg0, wg1 = out["wg0"], out["wg1"]
+  assert wg0["traces"] == 2 and wg0["items"] == 2
+  assert wg0["span"] == pytest.approx(2000)  # (1000 + 3000) / 2 cycles per item, mean of CTAs
+  assert wg0["softmax"] == pytest.approx(800) and wg0["epilogue"] == pytest.approx(200)
+  assert "turn" not in wg0
+  assert wg0["other"] == pytest.approx(1000)
+  # A role without epilogues: totals over the captured span (items 0, counted as one).
+  assert wg1["items"] == 0 and wg1["gather"] == pytest.approx(3000)
+  assert wg1["wait_rows_free"] == pytest.approx(1000) and wg1["other"] == pytest.approx(0)
