@@ -25,6 +25,7 @@ import itertools
 import json
 import os
 import sys
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -258,6 +259,38 @@ def point_inputs(args: argparse.Namespace):
   q, k, v, do = inputs(0, 1, args.seq, hq, hkv, d, jnp.bfloat16)
   return (d, q, k, v, do, jnp.ones((1, args.seq), jnp.int32),
           jnp.asarray([args.k], jnp.int32))
+
+
+class KernelPoint(NamedTuple):
+  """The add_point_args shape's operands for calling the row kernels directly."""
+  d: int
+  k: jax.Array
+  v: jax.Array
+  seg: jax.Array
+  layout: Any     # layout(pad_rows): the KV layout (64-row chunks, runs padded to pad_rows)
+  q_flat: jax.Array  # q as [1, T * Hq, D]
+  do_flat: jax.Array
+  lse: jax.Array
+  delta: jax.Array
+
+
+def kernel_point(args: argparse.Namespace) -> KernelPoint:
+  """point_inputs with the gate's selection, its KV layout and a backward's other operands:
+  dO, lse and delta are random (seed 1) - any finite values define the same function in
+  both kernel sets, so their outputs compare."""
+  hq, hkv, _ = HEADS[args.heads]
+  t, block = args.seq, args.block
+  d, q, k, v, _, seg, budget = point_inputs(args)
+  sel = jax.jit(lambda q, k: attention._fused_gate(q, k, seg, budget, block_size=block,
+                                                   k_max=args.k, interpret=False))(q, k)
+  layout = lambda pad: build_kv_layout(sel, seg, num_blocks=t // block, group_size=hq // hkv,
+                                       block_rows=64, mark_full=False, pad_rows=pad)
+  q_flat = q.reshape(1, t * hq, d)
+  rng = np.random.default_rng(1)
+  do_flat = jnp.asarray(rng.standard_normal(q_flat.shape), q_flat.dtype)
+  lse = jnp.asarray(rng.uniform(6.0, 9.0, size=q_flat.shape[:2]), jnp.float32)
+  delta = jnp.asarray(rng.standard_normal(q_flat.shape[:2]), jnp.float32)
+  return KernelPoint(d, k, v, seg, layout, q_flat, do_flat, lse, delta)
 
 
 def step_gating(q, k, seg, budget, **kwargs):

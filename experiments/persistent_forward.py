@@ -17,13 +17,11 @@ import os
 import sys
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from experiments.bench_kernel import HEADS, add_point_args, point_inputs, timeit  # noqa: E402
-from pallas_kernels.moba import MobaBlockSizes, build_kv_layout, hopper, kernels  # noqa: E402
-from pallas_kernels.moba.attention import _fused_gate  # noqa: E402
+from experiments.bench_kernel import add_point_args, kernel_point, timeit  # noqa: E402
+from pallas_kernels.moba import MobaBlockSizes, hopper, kernels  # noqa: E402
 
 
 def main():
@@ -38,17 +36,11 @@ def main():
   p.add_argument("--reps", type=int, default=10)
   p.add_argument("--out", required=True)
   args = p.parse_args()
-  hq, hkv, _ = HEADS[args.heads]
   t, block = args.seq, args.block
-  d, q, k, v, _, seg, budget = point_inputs(args)
-  sel = jax.jit(lambda q, k: _fused_gate(q, k, seg, budget, block_size=block, k_max=args.k,
-                                         interpret=False))(q, k)
-  q_flat = q.reshape(1, t * hq, d)
+  d, k, v, seg, layout, q_flat, do_flat, lse, delta = kernel_point(args)
   result = dict(device=jax.devices()[0].device_kind, seq=t, block=block, k=args.k,
                 heads=args.heads, rows=[])
   base = MobaBlockSizes().fit(block, d)
-  layout = lambda pad: build_kv_layout(sel, seg, num_blocks=t // block, group_size=hq // hkv,
-                                       block_rows=64, mark_full=False, pad_rows=pad)
 
   def record(**row):
     result["rows"].append(row)
@@ -91,11 +83,7 @@ def main():
           stages=stages)),
       lambda bkv: triton_fwd(lay, tiles(bkv)), (q_flat, k, v), rows=(True, True))
 
-  # dq: any finite lse and delta define the same function in both kernels.
-  rng = np.random.default_rng(1)
-  dq_operands = (q_flat, jnp.asarray(rng.standard_normal(q_flat.shape), q_flat.dtype),
-                 jnp.asarray(rng.uniform(6.0, 9.0, size=q_flat.shape[:2]), jnp.float32),
-                 jnp.asarray(rng.standard_normal(q_flat.shape[:2]), jnp.float32), k, v)
+  dq_operands = (q_flat, do_flat, lse, delta, k, v)
   triton_dq = lambda lay, tiles: jax.jit(lambda q_flat, do_flat, lse, delta, k, v: (
       kernels.moba_dq_rows(q_flat, do_flat, lse, delta, lay, k, v, seg, block_size=block,
                            bs=tiles, interpret=False),))

@@ -28,13 +28,11 @@ import sys
 import tempfile
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from experiments.bench_kernel import HEADS, add_point_args, point_inputs  # noqa: E402
-from pallas_kernels.moba import MobaBlockSizes, build_kv_layout, hopper  # noqa: E402
-from pallas_kernels.moba.attention import _fused_gate  # noqa: E402
+from experiments.bench_kernel import add_point_args, kernel_point  # noqa: E402
+from pallas_kernels.moba import MobaBlockSizes, hopper  # noqa: E402
 
 # Regions that end a work item, per kernel: their count is the number of items captured.
 _ITEM_END = "epilogue"
@@ -104,19 +102,10 @@ def main():
                       "profiler such as Nsight Compute)")
   p.add_argument("--out", default=None)
   args = p.parse_args()
-  hq, hkv, _ = HEADS[args.heads]
   t, block = args.seq, args.block
-  d, q, k, v, _, seg, budget = point_inputs(args)
-  sel = jax.jit(lambda q, k: _fused_gate(q, k, seg, budget, block_size=block, k_max=args.k,
-                                         interpret=False))(q, k)
-  lay = build_kv_layout(sel, seg, num_blocks=t // block, group_size=hq // hkv, block_rows=64,
-                        mark_full=False, pad_rows=hopper.ITEM_ROWS)
+  d, k, v, seg, layout, q_flat, do_flat, lse, delta = kernel_point(args)
+  lay = layout(hopper.ITEM_ROWS)
   bs = MobaBlockSizes().fit(block, d)
-  q_flat = q.reshape(1, t * hq, d)
-  rng = np.random.default_rng(1)
-  do_flat = jnp.asarray(rng.standard_normal(q_flat.shape), q_flat.dtype)
-  lse = jnp.asarray(rng.uniform(6.0, 9.0, size=q_flat.shape[:2]), jnp.float32)
-  delta = jnp.asarray(rng.standard_normal(q_flat.shape[:2]), jnp.float32)
   q_rows = hopper.gather_rows(q_flat, lay, False)
   do_rows = hopper.gather_rows(do_flat, lay, False)
   dq_bkv, dq_stages = (int(x) for x in args.dq_config.split(","))
