@@ -123,7 +123,7 @@ def load_trace(log_dir: str) -> dict:
 
 def traced_kernel_us(fn, *args, reps: int):
   """device_kernel_times of reps calls of fn(*args) after one warm-up call (per kernel, per
-  thread), and their step_spans."""
+  thread), their step_spans and the top host events (host_event_times)."""
   jax.block_until_ready(fn(*args))
   with tempfile.TemporaryDirectory() as log_dir:
     with jax.profiler.trace(log_dir):

@@ -19,9 +19,10 @@ Masking inside a block: same segment (non-zero) and key position <= query
 position (only binds in the own block). Partial results are combined outside
 the kernels (attention.py), from a large k_max by `merge_partials`.
 
-Two more: `gather_rows` puts a per-token array's rows into sorted order (the Hopper backward
-reads dO so), and `merge_partials` combines each token's per-slot partial results reading
-only its used slots.
+Two more: `gather_rows` puts a per-token array's rows into sorted order (for the Hopper
+backward kernels when they are called without rows already sorted; in moba_attention the
+forward stores q's and dq dO's), and `merge_partials` combines each token's per-slot
+partial results reading only its used slots.
 """
 
 from __future__ import annotations
