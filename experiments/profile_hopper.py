@@ -93,8 +93,8 @@ def main():
   p.add_argument("--events", type=int, default=300,
                  help="regions recorded per warpgroup (16 bytes each of shared memory)")
   p.add_argument("--dq-config", default="64,2",
-                 help="block_kv,stages of the dq kernel (its default, 64,3, leaves no shared "
-                      "memory for the profiler)")
+                 help="block_kv,stages[,V stages] of the dq kernel (its default, 64,3,2, "
+                      "leaves too little shared memory for 300 events)")
   p.add_argument("--kernels", nargs="+", default=["forward", "dq", "dkv"],
                  choices=["forward", "dq", "dkv"])
   p.add_argument("--plain", action="store_true",
@@ -108,7 +108,8 @@ def main():
   bs = MobaBlockSizes().fit(block, d)
   q_rows = hopper.gather_rows(q_flat, lay, False)
   do_rows = hopper.gather_rows(do_flat, lay, False)
-  dq_bkv, dq_stages = (int(x) for x in args.dq_config.split(","))
+  dq_bkv, *dq_stages = (int(x) for x in args.dq_config.split(","))
+  dq_stages = dq_stages[0] if len(dq_stages) == 1 else tuple(dq_stages)
   kernels = {
       "forward": (lambda q_flat, k, v: hopper.moba_forward_rows(
           q_flat, lay, k, v, seg, block_size=block, bs=bs, interpret=False, sorted_q=True),

@@ -236,13 +236,14 @@ def test_gpu_compiled_mosaic_kernels_match_reference():
     ("fwd", 16, 16, 128, 512, 3, False),
     ("dq", 16, 16, 128, 512, 2, True), ("dq", 16, 16, 128, 512, 3, True),
     ("dq", 16, 16, 128, 512, 4, False), ("dq_sorted_do", 16, 16, 128, 512, 2, True),
-    ("dq_sorted_do", 16, 16, 128, 512, 3, False),
+    ("dq_sorted_do", 16, 16, 128, 512, 3, False), ("dq_sorted_do", 16, 16, 128, 512, (3, 2), True),
     ("dkv", 16, 16, 128, 512, 2, True), ("dkv", 14, 2, 64, 256, 2, True),
     ("dkv", 16, 16, 128, 512, 3, False)])
 def test_kernels_fit_h200_shared_memory(kernel, hq, hkv, d, block_size, stages, fits):
   """Lowered ahead of time for an H200 on the CPU (Mosaic GPU sizes shared memory while
   lowering): each kernel's default configuration fits at the headline shapes; one more
-  pipeline stage at head_dim 128 does not (dq with both operands sorted: two more)."""
+  pipeline stage at head_dim 128 does not (dq with both operands sorted: two more; dq's
+  default is three K stages and two V)."""
   from jax.sharding import AbstractMesh
   from experiments.triton_ir import H200
   from pallas_kernels.moba.attention import _fused_gate

@@ -153,14 +153,14 @@ def _trips(num, grid):
 
 
 def _streams(item_at, item_loop, trips, src_ref, gathered, row_refs, k_ref, v_ref, kseg_ref,
-             scoped, *, block_size, block_kv, stages, presorted):
+             scoped, *, block_size, block_kv, k_stages, v_stages, presorted):
   """The two streaming warpgroups, shared by the forward and dq kernels.
 
-  Warpgroup 2 streams each item's K/V tiles into `stages` slots by TMA, straight on from one
-  item into the next, with the tile's key segment ids (the mask's, read from shared memory
-  instead of global memory in the compute warpgroups' critical path). Warpgroup 3 copies
-  each half's rows' segment and position (`row_refs`, [B, G, L] in sorted order) into
-  scoped.rowi, and gathers each item's rows of every ref in `gathered` into its staging
+  Warpgroup 2 streams each item's K and V tiles into k_stages and v_stages slots by TMA,
+  straight on from one item into the next, with the tile's key segment ids (the mask's, read
+  from shared memory instead of global memory in the compute warpgroups' critical path).
+  Warpgroup 3 copies each half's rows' segment and position (`row_refs`, [B, G, L] in sorted
+  order) into scoped.rowi, and gathers each item's rows of every ref in `gathered` into its staging
   buffer: TMA copies boxes and the wgmma operand layout (8-row swizzled tiles) takes no
   single-row copies, so the item's row ids come first (one copy into shared memory, the next
   item's while this one computes), then one copy per row into a plain buffer, which the
@@ -181,21 +181,21 @@ def _streams(item_at, item_loop, trips, src_ref, gathered, row_refs, k_ref, v_re
       b, g, _, j, n, _ = item
 
       def step_body(step, gstep):
-        slot = lax.rem(gstep, stages)
+        kslot, vslot = lax.rem(gstep, k_stages), lax.rem(gstep, v_stages)
         keys = (b, pl.ds(j * block_size + step * block_kv, block_kv), g)
         with jax.named_scope("wait_k_free"):
-          plgpu.barrier_wait(bars.k_free.at[slot])
-        plgpu.copy_gmem_to_smem(k_ref.at[keys], k_smem.at[slot], bars.k.at[slot])
-        plgpu.copy_gmem_to_smem(kseg_ref.at[b, keys[1]], scoped.kseg.at[slot], bars.k.at[slot])
+          plgpu.barrier_wait(bars.k_free.at[kslot])
+        plgpu.copy_gmem_to_smem(k_ref.at[keys], k_smem.at[kslot], bars.k.at[kslot])
+        plgpu.copy_gmem_to_smem(kseg_ref.at[b, keys[1]], scoped.kseg.at[kslot], bars.k.at[kslot])
         with jax.named_scope("wait_v_free"):
-          plgpu.barrier_wait(bars.v_free.at[slot])
-        plgpu.copy_gmem_to_smem(v_ref.at[keys], v_smem.at[slot], bars.v.at[slot])
+          plgpu.barrier_wait(bars.v_free.at[vslot])
+        plgpu.copy_gmem_to_smem(v_ref.at[keys], v_smem.at[vslot], bars.v.at[vslot])
         return gstep + 1
 
       return lax.fori_loop(0, n, step_body, gstep)
 
     item_loop(trips, item_body, jnp.int32(0))
-    _await_last_frees(_slots(bars.k_free, stages) + _slots(bars.v_free, stages))
+    _await_last_frees(_slots(bars.k_free, k_stages) + _slots(bars.v_free, v_stages))
 
   @pl.when(wg == 3)
   def _row_gatherer():
@@ -263,15 +263,15 @@ class _Bars(NamedTuple):
   v: Any         # V tile landed (per slot)
   k_free: Any    # K slot read by both compute warpgroups
   v_free: Any    # V slot read by both compute warpgroups
-  sched: Any     # the compute warpgroups' turns on the tensor cores
+  turn: Any      # each compute warpgroup's turn on the tensor cores (_turns)
 
 
 class _Scoped(NamedTuple):
   stages: Any   # per gathered ref: (2, 64, D) plain staging
   tiles: Any    # per gathered ref: (2, 64, D) swizzled wgmma operand, one per warpgroup
-  k: Any        # (stages, block_kv, D) swizzled
-  v: Any
-  kseg: Any     # (stages, block_kv) int32: the K tile's key segment ids
+  k: Any        # (k_stages, block_kv, D) swizzled
+  v: Any        # (v_stages, block_kv, D) swizzled
+  kseg: Any     # (k_stages, block_kv) int32: the K tile's key segment ids
   rowi: Any     # (2, 2, 64) int32: each half's rows' segment and position
   row_out: Any  # forward: (2, 64) float32, the lse on its way out
   idx: Any      # (ITEM_ROWS,) int32 row ids (rows gathered in the kernel)
@@ -279,21 +279,25 @@ class _Scoped(NamedTuple):
   bars: _Bars
 
 
-def _consumer_setup(sched, frees):
-  """A compute warpgroup's start: its registers, every buffer of `frees` (the barriers the
-  compute warpgroups arrive on once they are done with a buffer) freed once, and the first
-  turn on the tensor cores to warpgroup 0. Returns schedule(), which ends this warpgroup's
-  turn and waits for its next one."""
+def _consumer_setup(frees):
+  """A compute warpgroup's start: its registers, and every buffer of `frees` (the barriers
+  the compute warpgroups arrive on once they are done with a buffer) freed once."""
   plgpu.set_max_registers(232, action="increase")
   for free in frees:
     plgpu.barrier_arrive(free)
 
-  def schedule():
-    plgpu.barrier_arrive(sched)
-    plgpu.barrier_wait(sched)
 
-  pl.when(lax.axis_index("wg") == 1)(schedule)
-  return schedule
+def _turns(turn):
+  """The two compute warpgroups' turns on the tensor cores, in strict alternation
+  (FlashAttention-3's ping-pong; `turn`: two barriers of one arrival): wait_turn() waits for
+  this warpgroup's, end_turn() hands it to the other once this one's products are issued.
+  Warpgroup 0 goes first; both must take equally many turns, then call finish() (which
+  observes the turn warpgroup 1 hands on last)."""
+  wg = lax.axis_index("wg")
+  pl.when(wg == 1)(lambda: plgpu.barrier_arrive(turn.at[0]))
+  wait_turn = lambda: plgpu.barrier_wait(turn.at[wg])
+  end_turn = lambda: plgpu.barrier_arrive(turn.at[1 - wg])
+  return wait_turn, end_turn, lambda: pl.when(wg == 0)(wait_turn)
 
 
 def _await_last_frees(frees):
@@ -367,7 +371,8 @@ def _accumulate(acc, a, b_ref, p_smem):
 
 def _fwd_kernel(ids_ref, num_ref, blk_ref, steps_ref, unmasked_ref, src_ref, seg_ref, pos_ref,
                 q_ref, k_ref, v_ref, kseg_ref, o_ref, lse_ref, *refs, sm_scale, block_size,
-                block_kv, stages, num_groups, items_per_group, grid, p_in_smem, presorted):
+                block_kv, k_stages, v_stages, num_groups, items_per_group, grid, p_in_smem,
+                presorted):
   """Four warpgroups per CTA: two compute warpgroups (64 rows of an item each) and the two
   streams of _streams (K/V tiles; query rows). Each CTA runs items cta, cta + grid, ... of
   the used-item list, so the streams run on across items. The output leaves through the
@@ -380,18 +385,20 @@ def _fwd_kernel(ids_ref, num_ref, blk_ref, steps_ref, unmasked_ref, src_ref, seg
   item_at, item_loop = _item_reader(ids_ref, blk_ref, steps_ref, unmasked_ref, grid=grid,
                                     num_groups=num_groups, items_per_group=items_per_group)
   _streams(item_at, item_loop, trips, src_ref, [q_ref], [seg_ref, pos_ref], k_ref, v_ref,
-           kseg_ref, scoped, block_size=block_size, block_kv=block_kv, stages=stages,
-           presorted=presorted)
+           kseg_ref, scoped, block_size=block_size, block_kv=block_kv, k_stages=k_stages,
+           v_stages=v_stages, presorted=presorted)
 
   @pl.when(wg < 2)
   def _consumer():
-    schedule = _consumer_setup(bars.sched, [bars.rows_free, *_slots(bars.k_free, stages),
-                                            *_slots(bars.v_free, stages)])
+    _consumer_setup([bars.rows_free, *_slots(bars.k_free, k_stages),
+                     *_slots(bars.v_free, v_stages)])
+    wait_turn, end_turn, finish = _turns(bars.turn)
     row_layout = plgpu.Layout.WGMMA.reduce(1)
     shape = (_ROWS, block_kv)
     q_tile = scoped.tiles[0].at[wg]
     d = q_tile.shape[-1]
     p_smem = scoped.p.at[wg] if p_in_smem else None
+    scale = sm_scale * _LOG2E
 
     def item_body(s, item, gstep):
       b, g, i, j, n, unmasked = item
@@ -401,54 +408,98 @@ def _fwd_kernel(ids_ref, num_ref, blk_ref, steps_ref, unmasked_ref, src_ref, seg
       if qs_ref is not None:
         plgpu.copy_smem_to_gmem(q_tile, qs_ref.at[b, g, rows])
 
-      def step_body(step, carry):
-        acc, m_prev, l_prev, gstep = carry
-        slot = lax.rem(gstep, stages)
+      def softmax(s_RK, step, slot, m_prev, l_prev):
+        """Online softmax of one key step: the new row maxima and sums, P (q's dtype) and
+        the correction of the output so far."""
         start = j * block_size + step * block_kv
-        with jax.named_scope("wait_k"):
+
+        def unmasked_p(s_RK):
+          # The scale applied to the row maxima, so that p takes one fused multiply-add.
+          m_next = jnp.maximum(m_prev, s_RK.max(axis=1) * scale)
+          return m_next, jnp.exp2(s_RK * scale - lax.broadcast_in_dim(m_next, shape, [0]))
+
+        def masked_p(s_RK):
+          s_RK = jnp.where(keep(slot, start), s_RK * scale, _MASK)
+          m_next = jnp.maximum(m_prev, s_RK.max(axis=1))
+          return m_next, jnp.exp2(s_RK - lax.broadcast_in_dim(m_next, shape, [0]))
+
+        m_next, p = lax.cond(step < unmasked, unmasked_p, masked_p, s_RK)
+        plgpu.barrier_arrive(bars.k_free.at[slot])  # K and its key segments read
+        corr = jnp.exp2(m_prev - m_next)
+        return m_next, l_prev * corr + p.sum(axis=1), p.astype(q_tile.dtype), corr
+
+      def step_body(step, carry, *, first):
+        """Key step `step`: S = q K^T of this step and (but in the first) the output's
+        P V of the previous one are issued together in one turn on the tensor cores; the
+        softmax of S runs while P V does (FlashAttention-3's intra-warpgroup overlap)."""
+        acc, m_prev, l_prev, p16_prev, gstep = carry
+        slot = lax.rem(gstep, k_stages)
+        prev = lax.rem(gstep + v_stages - 1, v_stages)  # the previous step's V
+        with jax.named_scope("wait_kv"):
           plgpu.barrier_wait(bars.k.at[slot])
+          if not first:
+            plgpu.barrier_wait(bars.v.at[prev])
 
-        def qk(acc_ref):
-          plgpu.wgmma(acc_ref, q_tile, scoped.k.at[slot].transpose((1, 0)))
+        def products(s_ref, acc_ref=None):
           with jax.named_scope("turn"):
-            schedule()
+            wait_turn()
+          plgpu.wgmma(s_ref, q_tile, scoped.k.at[slot].transpose((1, 0)))
+          if acc_ref is not None:
+            plgpu.wgmma(acc_ref, p16_prev, scoped.v.at[prev])
+          end_turn()
           with jax.named_scope("qk_wait"):
-            return acc_ref[...]
+            return plgpu.wgmma_accumulator_load(s_ref, wait_n=1 if acc_ref is not None else 0)
 
-        s_RK = pl.run_scoped(qk, plgpu.ACC(shape, jnp.float32))
-        with jax.named_scope("softmax"):
-          scale = sm_scale * _LOG2E
+        if first or p_smem is not None:
+          # (Interpret mode: P V through shared memory, in order, after S.)
+          s_RK = pl.run_scoped(products, plgpu.ACC(shape, jnp.float32))
+          if not first:
+            acc = _accumulate(acc, p16_prev, scoped.v.at[prev], p_smem)
+          with jax.named_scope("softmax"):
+            m_next, l_next, p16, corr = softmax(s_RK, step, slot, m_prev, l_prev)
+        else:
+          def overlapped(refs):
+            acc_ref, m_ref, l_ref, p_ref, corr_ref = refs
+            s_RK = pl.run_scoped(lambda s_ref: products(s_ref, acc_ref),
+                                 plgpu.ACC(shape, jnp.float32))
+            with jax.named_scope("softmax"):
+              outs = softmax(s_RK, step, slot, m_prev, l_prev)
+            for ref, out in zip((m_ref, l_ref, p_ref, corr_ref), outs):
+              ref[...] = out
+            with jax.named_scope("pv_wait"):
+              plgpu.wgmma_wait(0)
 
-          def unmasked_p(s_RK):
-            # The scale applied to the row maxima, so that p takes one fused multiply-add.
-            m_next = jnp.maximum(m_prev, s_RK.max(axis=1) * scale)
-            return m_next, jnp.exp2(s_RK * scale - lax.broadcast_in_dim(m_next, shape, [0]))
-
-          def masked_p(s_RK):
-            s_RK = jnp.where(keep(slot, start), s_RK * scale, _MASK)
-            m_next = jnp.maximum(m_prev, s_RK.max(axis=1))
-            return m_next, jnp.exp2(s_RK - lax.broadcast_in_dim(m_next, shape, [0]))
-
-          m_next, p = lax.cond(step < unmasked, unmasked_p, masked_p, s_RK)
-          plgpu.barrier_arrive(bars.k_free.at[slot])  # K and its key segments read
-          corr = jnp.exp2(m_prev - m_next)
-          l_next = l_prev * corr + p.sum(axis=1)
-          acc = acc * lax.broadcast_in_dim(corr, acc.shape, [0])
-          p16 = p.astype(q_tile.dtype)
-          acc, l_next, m_next, p16 = lax.optimization_barrier((acc, l_next, m_next, p16))
-        plgpu.barrier_arrive(bars.sched)  # softmax done
-        with jax.named_scope("wait_v_turn"):
-          plgpu.barrier_wait(bars.v.at[slot])
-          plgpu.barrier_wait(bars.sched)  # tensor cores free
-        with jax.named_scope("pv"):
-          acc = _accumulate(acc, p16, scoped.v.at[slot], p_smem)
-        plgpu.barrier_arrive(bars.v_free.at[slot])
-        return acc, m_next, l_next, gstep + 1
+          acc, m_next, l_next, p16, corr = pl.run_state(overlapped)(
+              (plgpu.ACC.init(acc), m_prev, l_prev, p16_prev, m_prev))
+        if not first:
+          plgpu.barrier_arrive(bars.v_free.at[prev])
+        acc = acc * lax.broadcast_in_dim(corr, acc.shape, [0])
+        return acc, m_next, l_next, p16, gstep + 1
 
       init = (plgpu.layout_cast(jnp.zeros((_ROWS, d), jnp.float32), plgpu.Layout.WGMMA),
               plgpu.layout_cast(jnp.full((_ROWS,), _MASK, jnp.float32), row_layout),
-              plgpu.layout_cast(jnp.zeros((_ROWS,), jnp.float32), row_layout), gstep)
-      acc, m, l, gstep = lax.fori_loop(0, n, step_body, init)
+              plgpu.layout_cast(jnp.zeros((_ROWS,), jnp.float32), row_layout),
+              plgpu.layout_cast(jnp.zeros(shape, q_tile.dtype), plgpu.Layout.WGMMA), gstep)
+      carry = step_body(0, init, first=True)
+      acc, m, l, p16, gstep = lax.fori_loop(1, n, functools.partial(step_body, first=False),
+                                            carry)
+      # The last step's P V, in a turn of its own.
+      last = lax.rem(gstep + v_stages - 1, v_stages)
+      with jax.named_scope("wait_kv"):
+        plgpu.barrier_wait(bars.v.at[last])
+      with jax.named_scope("turn"):
+        wait_turn()
+      if p_smem is None:
+        def pv(acc_ref):
+          plgpu.wgmma(acc_ref, p16, scoped.v.at[last])
+          end_turn()
+
+        with jax.named_scope("pv_wait"):
+          acc = pl.run_state(pv)(plgpu.ACC.init(acc))
+      else:
+        end_turn()
+        acc = _accumulate(acc, p16, scoped.v.at[last], p_smem)
+      plgpu.barrier_arrive(bars.v_free.at[last])
       with jax.named_scope("epilogue"):
         if qs_ref is not None:
           plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the q rows' store has read the tile
@@ -460,14 +511,14 @@ def _fwd_kernel(ids_ref, num_ref, blk_ref, steps_ref, unmasked_ref, src_ref, seg
       return gstep
 
     item_loop(trips, item_body, jnp.int32(0))
-    pl.when(wg == 0)(schedule)
+    finish()
     plgpu.wait_smem_to_gmem(0)
 
 
 def _dq_kernel(ids_ref, num_ref, blk_ref, steps_ref, unmasked_ref, src_ref, seg_ref, pos_ref,
                lse_ref, delta_ref, q_ref, do_ref, k_ref, v_ref, kseg_ref, dq_ref, *refs,
-               sm_scale, block_size, block_kv, stages, num_groups, items_per_group, grid,
-               p_in_smem, presorted):
+               sm_scale, block_size, block_kv, k_stages, v_stages, num_groups, items_per_group,
+               grid, p_in_smem, presorted):
   """dq per sorted row, on the forward's structure: the streams gather q and dO rows; each
   compute warpgroup runs S = q K^T and dP = dO V^T, dS = P (dP - delta) with
   P = exp(S - lse), and dq += dS K (dS from registers), taking turns on the tensor cores
@@ -481,13 +532,14 @@ def _dq_kernel(ids_ref, num_ref, blk_ref, steps_ref, unmasked_ref, src_ref, seg_
   item_at, item_loop = _item_reader(ids_ref, blk_ref, steps_ref, unmasked_ref, grid=grid,
                                     num_groups=num_groups, items_per_group=items_per_group)
   _streams(item_at, item_loop, trips, src_ref, [q_ref, do_ref], [seg_ref, pos_ref], k_ref, v_ref,
-           kseg_ref, scoped, block_size=block_size, block_kv=block_kv, stages=stages,
-           presorted=presorted)
+           kseg_ref, scoped, block_size=block_size, block_kv=block_kv, k_stages=k_stages,
+           v_stages=v_stages, presorted=presorted)
 
   @pl.when(wg < 2)
   def _consumer():
-    schedule = _consumer_setup(bars.sched, [bars.rows_free, *_slots(bars.k_free, stages),
-                                            *_slots(bars.v_free, stages)])
+    _consumer_setup([bars.rows_free, *_slots(bars.k_free, k_stages),
+                     *_slots(bars.v_free, v_stages)])
+    wait_turn, end_turn, finish = _turns(bars.turn)
     shape = (_ROWS, block_kv)
     q_tile, do_tile = (t.at[wg] for t in scoped.tiles)
     d = q_tile.shape[-1]
@@ -504,41 +556,81 @@ def _dq_kernel(ids_ref, num_ref, blk_ref, steps_ref, unmasked_ref, src_ref, seg_
       if dos_ref is not None:
         plgpu.copy_smem_to_gmem(do_tile, dos_ref.at[b, g, rows])
 
-      def step_body(step, carry):
-        acc, gstep = carry
-        slot = lax.rem(gstep, stages)
+      def ds(s_RK, dp_RK, step, kslot):
         start = j * block_size + step * block_kv
+        p_RK = jnp.exp2(s_RK * (sm_scale * _LOG2E) - lse_RK)
+        p_RK = lax.cond(step < unmasked, lambda p: p,
+                        lambda p: jnp.where(keep(kslot, start), p, 0.0), p_RK)
+        return (p_RK * (dp_RK - delta_RK)).astype(q_tile.dtype)
+
+      def step_body(step, carry, *, first):
+        """Key step `step`: S = q K^T and dP = dO V^T of this step and (but in the first)
+        dq += dS K of the previous one are issued together in one turn on the tensor cores;
+        dS of this step is computed while dS K runs (as the forward's softmax)."""
+        acc, ds16_prev, gstep = carry
+        kslot, vslot = lax.rem(gstep, k_stages), lax.rem(gstep, v_stages)
+        prev = lax.rem(gstep + k_stages - 1, k_stages)
         with jax.named_scope("wait_kv"):
-          plgpu.barrier_wait(bars.k.at[slot])
-          plgpu.barrier_wait(bars.v.at[slot])
+          plgpu.barrier_wait(bars.k.at[kslot])
+          plgpu.barrier_wait(bars.v.at[vslot])
 
-        def products(s_ref, dp_ref):
-          plgpu.wgmma(s_ref, q_tile, scoped.k.at[slot].transpose((1, 0)))
-          plgpu.wgmma(dp_ref, do_tile, scoped.v.at[slot].transpose((1, 0)))
+        def products(s_ref, dp_ref, acc_ref=None):
           with jax.named_scope("turn"):
-            schedule()
+            wait_turn()
+          plgpu.wgmma(s_ref, q_tile, scoped.k.at[kslot].transpose((1, 0)))
+          plgpu.wgmma(dp_ref, do_tile, scoped.v.at[vslot].transpose((1, 0)))
+          if acc_ref is not None:
+            plgpu.wgmma(acc_ref, ds16_prev, scoped.k.at[prev])
+          end_turn()
+          wait_n = 1 if acc_ref is not None else 0
           with jax.named_scope("products_wait"):
-            return s_ref[...], dp_ref[...]
+            return (plgpu.wgmma_accumulator_load(s_ref, wait_n=wait_n),
+                    plgpu.wgmma_accumulator_load(dp_ref, wait_n=wait_n))
 
-        s_RK, dp_RK = pl.run_scoped(products, plgpu.ACC(shape, jnp.float32),
-                                    plgpu.ACC(shape, jnp.float32))
-        plgpu.barrier_arrive(bars.v_free.at[slot])
-        with jax.named_scope("ds"):
-          p_RK = jnp.exp2(s_RK * (sm_scale * _LOG2E) - lse_RK)
-          p_RK = lax.cond(step < unmasked, lambda p: p,
-                          lambda p: jnp.where(keep(slot, start), p, 0.0), p_RK)
-          ds16 = (p_RK * (dp_RK - delta_RK)).astype(q_tile.dtype)
-          acc, ds16 = lax.optimization_barrier((acc, ds16))
-        plgpu.barrier_arrive(bars.sched)  # elementwise work done
-        with jax.named_scope("wait_turn"):
-          plgpu.barrier_wait(bars.sched)  # tensor cores free
-        with jax.named_scope("dq_mma"):
-          acc = _accumulate(acc, ds16, scoped.k.at[slot], p_smem)
-        plgpu.barrier_arrive(bars.k_free.at[slot])
-        return acc, gstep + 1
+        accs = (plgpu.ACC(shape, jnp.float32), plgpu.ACC(shape, jnp.float32))
+        if first or p_smem is not None:
+          # (Interpret mode: dS K through shared memory, in order, after S and dP.)
+          s_RK, dp_RK = pl.run_scoped(products, *accs)
+          plgpu.barrier_arrive(bars.v_free.at[vslot])
+          if not first:
+            acc = _accumulate(acc, ds16_prev, scoped.k.at[prev], p_smem)
+          with jax.named_scope("ds"):
+            ds16 = ds(s_RK, dp_RK, step, kslot)
+        else:
+          def overlapped(refs):
+            acc_ref, ds_ref = refs
+            s_RK, dp_RK = pl.run_scoped(lambda s_ref, dp_ref: products(s_ref, dp_ref, acc_ref),
+                                        *accs)
+            plgpu.barrier_arrive(bars.v_free.at[vslot])
+            with jax.named_scope("ds"):
+              ds_ref[...] = ds(s_RK, dp_RK, step, kslot)
+            with jax.named_scope("dq_wait"):
+              plgpu.wgmma_wait(0)
 
-      init = (plgpu.layout_cast(jnp.zeros((_ROWS, d), jnp.float32), plgpu.Layout.WGMMA), carry)
-      acc, gstep = lax.fori_loop(0, n, step_body, init)
+          acc, ds16 = pl.run_state(overlapped)((plgpu.ACC.init(acc), ds16_prev))
+        if not first:
+          plgpu.barrier_arrive(bars.k_free.at[prev])
+        return acc, ds16, gstep + 1
+
+      init = (plgpu.layout_cast(jnp.zeros((_ROWS, d), jnp.float32), plgpu.Layout.WGMMA),
+              plgpu.layout_cast(jnp.zeros(shape, q_tile.dtype), plgpu.Layout.WGMMA), carry)
+      carry = step_body(0, init, first=True)
+      acc, ds16, gstep = lax.fori_loop(1, n, functools.partial(step_body, first=False), carry)
+      # The last step's dS K, in a turn of its own.
+      last = lax.rem(gstep + k_stages - 1, k_stages)
+      with jax.named_scope("turn"):
+        wait_turn()
+      if p_smem is None:
+        def mma(acc_ref):
+          plgpu.wgmma(acc_ref, ds16, scoped.k.at[last])
+          end_turn()
+
+        with jax.named_scope("dq_wait"):
+          acc = pl.run_state(mma)(plgpu.ACC.init(acc))
+      else:
+        end_turn()
+        acc = _accumulate(acc, ds16, scoped.k.at[last], p_smem)
+      plgpu.barrier_arrive(bars.k_free.at[last])
       with jax.named_scope("epilogue"):
         q_tile[...] = (acc * sm_scale).astype(q_tile.dtype)
         plgpu.commit_smem()
@@ -546,7 +638,7 @@ def _dq_kernel(ids_ref, num_ref, blk_ref, steps_ref, unmasked_ref, src_ref, seg_
       return gstep
 
     item_loop(trips, item_body, jnp.int32(0))
-    pl.when(wg == 0)(schedule)
+    finish()
     plgpu.wait_smem_to_gmem(0)
 
 
@@ -613,12 +705,21 @@ def _persistent_call(entry, out_type, *, name, num_ctas, warpgroups, interpret):
   )
 
 
+def _stage_counts(stages) -> tuple[int, int]:
+  """A kernel's K and V pipeline depths: one count for both, or (K's, V's)."""
+  ks, vs = (stages, stages) if isinstance(stages, int) else stages
+  if ks < 2 or vs < 2:
+    raise ValueError(f"the K/V streams need at least two stages each, got stages={stages}")
+  return ks, vs
+
+
 def _launch(kernel, args, out_type, *, name, layout, segment_ids_BT, block_size, block_kv, stages,
             presorted, d, dt, num_ctas, interpret, row_out=False):
   """Runs a compute kernel with its streams: persistent CTAs over the used items, four
-  warpgroups, the shared-memory buffers and barriers of _Scoped (presorted: per operand
-  whose rows the streams bring, whether it is in sorted order already or gathered row by
-  row; row_out: the kernel writes a per-row output)."""
+  warpgroups, the shared-memory buffers and barriers of _Scoped (stages: _stage_counts';
+  presorted: per operand whose rows the streams bring, whether it is in sorted order already
+  or gathered row by row; row_out: the kernel writes a per-row output)."""
+  ks, vs = _stage_counts(stages)
   gathered = len(presorted)
   _, g, l = layout.row_src_BGL.shape
   ids, num, blk, steps, unmasked = persistent_items(layout, segment_ids_BT,
@@ -626,7 +727,7 @@ def _launch(kernel, args, out_type, *, name, layout, segment_ids_BT, block_size,
   num_ctas = _grid(num_ctas, interpret)
   transforms = _smem_transforms(dt)
   kernel = functools.partial(kernel, sm_scale=1.0 / math.sqrt(d), block_size=block_size,
-                             block_kv=block_kv, stages=stages, num_groups=g,
+                             block_kv=block_kv, k_stages=ks, v_stages=vs, num_groups=g,
                              items_per_group=l // ITEM_ROWS, grid=num_ctas,
                              p_in_smem=bool(interpret), presorted=presorted)
 
@@ -635,9 +736,9 @@ def _launch(kernel, args, out_type, *, name, layout, segment_ids_BT, block_size,
         idx=None if all(presorted) else plgpu.SMEM((ITEM_ROWS,), jnp.int32),
         stages=[plgpu.SMEM((2, _ROWS, d), dt) for _ in range(gathered)],
         tiles=[plgpu.SMEM((2, _ROWS, d), dt, transforms=transforms) for _ in range(gathered)],
-        k=plgpu.SMEM((stages, block_kv, d), dt, transforms=transforms),
-        v=plgpu.SMEM((stages, block_kv, d), dt, transforms=transforms),
-        kseg=plgpu.SMEM((stages, block_kv), jnp.int32),
+        k=plgpu.SMEM((ks, block_kv, d), dt, transforms=transforms),
+        v=plgpu.SMEM((vs, block_kv, d), dt, transforms=transforms),
+        kseg=plgpu.SMEM((ks, block_kv), jnp.int32),
         rowi=plgpu.SMEM((2, 2, _ROWS), jnp.int32),
         row_out=plgpu.SMEM((2, _ROWS), jnp.float32) if row_out else None,
         p=plgpu.SMEM((2, _ROWS, block_kv), dt, transforms=transforms) if interpret else None,
@@ -648,11 +749,11 @@ def _launch(kernel, args, out_type, *, name, layout, segment_ids_BT, block_size,
                 num_arrivals=sum(1 if p else _ROWS for p in presorted) + 2,
                 num_barriers=2),
             rows_free=plgpu.Barrier(num_arrivals=2),
-            k=plgpu.Barrier(num_arrivals=2, num_barriers=stages),  # K, key segments
-            v=plgpu.Barrier(num_barriers=stages),
-            k_free=plgpu.Barrier(num_arrivals=2, num_barriers=stages),
-            v_free=plgpu.Barrier(num_arrivals=2, num_barriers=stages),
-            sched=plgpu.Barrier(num_arrivals=2)))
+            k=plgpu.Barrier(num_arrivals=2, num_barriers=ks),  # K, key segments
+            v=plgpu.Barrier(num_barriers=vs),
+            k_free=plgpu.Barrier(num_arrivals=2, num_barriers=ks),
+            v_free=plgpu.Barrier(num_arrivals=2, num_barriers=vs),
+            turn=plgpu.Barrier(num_barriers=2)))
     pl.run_scoped(lambda scoped: kernel(*refs, scoped), scratch, collective_axes="wg")
 
   return _persistent_call(entry, out_type, name=name, num_ctas=num_ctas, warpgroups=4,
@@ -661,17 +762,18 @@ def _launch(kernel, args, out_type, *, name, layout, segment_ids_BT, block_size,
 
 def moba_forward_rows(q_BSD, layout, k_BTKD, v_BTKD, segment_ids_BT, *, block_size,
                       bs: MobaBlockSizes, interpret: bool | plgpu.InterpretGPUParams,
-                      block_kv: int = 128, stages: int = 2, num_ctas: int | None = None,
-                      sorted_q: bool = False):
+                      block_kv: int = 128, stages: int | tuple[int, int] = 2,
+                      num_ctas: int | None = None, sorted_q: bool = False):
   """Partial output [B, G, L, D] (q dtype) and natural-log lse [B, G, L] per sorted row, as
   kernels.moba_forward_rows, on a layout padded with pad_rows=ITEM_ROWS; q_BSD is q reshaped
   to [B, T * Hq, D]; interpret as in _interpret_params. sorted_q: also return q's rows in
   sorted order, [B, G, L, D] (sorted_rows(q_BSD, layout) on the rows of used items; rows of
   unused items are not written), which the kernel has gathered anyway and the backward
   kernels take as q_rows in place of a second gather. K/V tiles of block_kv keys through
-  `stages` slots: the defaults (128 keys, two stages) were the fastest on the H200 at 16/16
-  heads x 128 (BENCHMARKS.md), and 128 keys in three stages do not fit its shared memory at
-  head_dim 128. num_ctas: persistent CTAs (default: one per SM; four in interpret mode)."""
+  `stages` slots (one int for both, or (K's, V's)): the defaults (128 keys, two stages) were
+  the fastest on the H200 at 16/16 heads x 128 (BENCHMARKS.md), and 128 keys in three
+  stages do not fit its shared memory at head_dim 128. num_ctas: persistent CTAs (default:
+  one per SM; four in interpret mode)."""
   b, _, d = q_BSD.shape
   _, g, l = layout.row_src_BGL.shape
   _check_operands(q_BSD.dtype, d, bs)
@@ -690,16 +792,17 @@ def moba_forward_rows(q_BSD, layout, k_BTKD, v_BTKD, segment_ids_BT, *, block_si
 
 def moba_dq_rows(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_ids_BT, *,
                  block_size, bs: MobaBlockSizes, interpret: bool | plgpu.InterpretGPUParams,
-                 block_kv: int = 64, stages: int | None = None, num_ctas: int | None = None,
-                 presorted: bool = True, q_rows=None, do_rows=None, sorted_do: bool = False):
+                 block_kv: int = 64, stages: int | tuple[int, int] = (3, 2),
+                 num_ctas: int | None = None, presorted: bool = True, q_rows=None, do_rows=None,
+                 sorted_do: bool = False):
   """Partial dq [B, G, L, D] (q dtype) per sorted row, as kernels.moba_dq_rows, on a layout
   padded with pad_rows=ITEM_ROWS. lse and delta are read per sorted row (gathered here, a
   few bytes per row); q and dO too with presorted (in sorted order, gather_rows, the same
   arrays moba_dkv reads, so one gather serves both), else the kernel gathers their rows
   itself. Two operands take twice the staging and tile space of the forward, hence 64-key
-  K/V tiles: three stages (the default) fit at head_dim 128 when both operands come sorted,
-  two (the default otherwise) when the kernel gathers rows, whose ids take a little more
-  shared memory. q_rows / do_rows (presorted
+  K/V tiles. stages: K's and V's pipeline depths (one int for both): a K tile stays in use
+  until the next step's dS K is done, a V tile only until this step's dP, hence the default
+  three K stages and two V. q_rows / do_rows (presorted
   only): q's / dO's rows already in sorted order (the forward's sorted_q output,
   gather_rows), in place of q_BSD / do_BSD, which may then be None.
 
@@ -720,7 +823,6 @@ def moba_dq_rows(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segmen
   d = q.shape[-1]
   _check_operands(dt, d, bs)
   bkv = _check_layout(layout, block_size, block_kv)
-  gathers = not presorted or sorted_do
   out = _launch(
       _dq_kernel,
       (layout.row_src_BGL, layout.row_seg_BGL, layout.row_pos_BGL, sorted_rows(lse_BS, layout),
@@ -728,7 +830,7 @@ def moba_dq_rows(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segmen
        segment_ids_BT.astype(jnp.int32)),
       [jax.ShapeDtypeStruct((b, g, l, d), dt)] * (2 if sorted_do else 1),
       name="moba_dq_hopper", layout=layout, segment_ids_BT=segment_ids_BT,
-      block_size=block_size, block_kv=bkv, stages=stages or (2 if gathers else 3),
+      block_size=block_size, block_kv=bkv, stages=stages,
       presorted=(presorted, presorted and not sorted_do), d=d, dt=dt, num_ctas=num_ctas,
       interpret=interpret)
   return tuple(out) if sorted_do else out[0]
@@ -769,7 +871,7 @@ def _dkv_kernel(ids_ref, first_ref, end_ref, whole_ref, seg_ref, pos_ref, lse2_r
   ... of ids (tiles ordered by decreasing work outside). A chunk skips the mask for the key
   tiles it attends whole (whole_ref [B, G, C]: the first that many tiles of its block)."""
   q_smem, do_smem, rowf_smem, rowi_smem, k_smem, v_smem, p_smem, bars = scoped
-  kv_bar, kv_free, chunk_bar, chunk_free, sched = bars
+  kv_bar, kv_free, chunk_bar, chunk_free, turn = bars
   frees = _slots(kv_free, 2) + _slots(chunk_free, stages)
   wg = lax.axis_index("wg")
   cta = lax.axis_index("cta")
@@ -812,7 +914,8 @@ def _dkv_kernel(ids_ref, first_ref, end_ref, whole_ref, seg_ref, pos_ref, lse2_r
 
   @pl.when(wg < 2)
   def _consumer():
-    schedule = _consumer_setup(sched, frees)
+    _consumer_setup(frees)
+    wait_turn, end_turn, finish = _turns(turn)
     shape = (_ROWS, _ROWS)  # (this warpgroup's keys, a chunk's rows)
     d = k_smem.shape[-1]
     mine = pl.ds(wg * _ROWS, _ROWS)
@@ -831,24 +934,48 @@ def _dkv_kernel(ids_ref, first_ref, end_ref, whole_ref, seg_ref, pos_ref, lse2_r
       with jax.named_scope("wait_kv"):
         plgpu.barrier_wait(kv_bar.at[buf])
 
-      def chunk_body(c, carry):
-        dk, dv, cstep = carry
+      def chunk_body(c, carry, *, first):
+        """Chunk c: dV += P^T dO and dK += dS^T q of the previous chunk (but in the first)
+        and S^T, dP^T of this one are issued in one turn on the tensor cores, so that the
+        other warpgroup's turn falls in this one's elementwise work."""
+        dk, dv, p16_prev, ds16_prev, cstep = carry
         slot = lax.rem(cstep, stages)
+        prev = lax.rem(cstep + stages - 1, stages)
         whole = lax.rem(n, tiles_per_block) < whole_ref[b, g, c]  # loaded under the waits
         with jax.named_scope("wait_chunk"):
           plgpu.barrier_wait(chunk_bar.at[slot])
         q_t, do_t = q_smem.at[slot], do_smem.at[slot]
 
-        def products(s_ref, dp_ref):
+        def products(s_ref, dp_ref, dk_ref=None, dv_ref=None):
+          with jax.named_scope("turn"):
+            wait_turn()
+          if dk_ref is not None:
+            plgpu.wgmma(dv_ref, p16_prev, do_smem.at[prev])
+            plgpu.wgmma(dk_ref, ds16_prev, q_smem.at[prev])
           plgpu.wgmma(s_ref, k_w, q_t.transpose((1, 0)))
           plgpu.wgmma(dp_ref, v_w, do_t.transpose((1, 0)))
-          with jax.named_scope("turn"):
-            schedule()
+          end_turn()
           with jax.named_scope("products_wait"):
             return s_ref[...], dp_ref[...]
 
-        s_KR, dp_KR = pl.run_scoped(products, plgpu.ACC(shape, jnp.float32),
-                                    plgpu.ACC(shape, jnp.float32))
+        accs = (plgpu.ACC(shape, jnp.float32), plgpu.ACC(shape, jnp.float32))
+        if first or wg_p is not None:
+          # (Interpret mode: the previous chunk's products through shared memory, after.)
+          s_KR, dp_KR = pl.run_scoped(products, *accs)
+          if not first:
+            dv = _accumulate(dv, p16_prev, do_smem.at[prev], wg_p)
+            dk = _accumulate(dk, ds16_prev, q_smem.at[prev], wg_p)
+        else:
+          def issued(refs):
+            dk_ref, dv_ref, s_out, dp_out = refs
+            s_out[...], dp_out[...] = pl.run_scoped(
+                lambda s_ref, dp_ref: products(s_ref, dp_ref, dk_ref, dv_ref), *accs)
+
+          zeros_KR = plgpu.layout_cast(jnp.zeros(shape, jnp.float32), plgpu.Layout.WGMMA)
+          dk, dv, s_KR, dp_KR = pl.run_state(issued)(
+              (plgpu.ACC.init(dk), plgpu.ACC.init(dv), zeros_KR, zeros_KR))
+        if not first:
+          plgpu.barrier_arrive(chunk_free.at[prev])
         with jax.named_scope("ds"):
           p_KR = jnp.exp2(s_KR * (sm_scale * _LOG2E) - cols(rowf_smem.at[slot, 0]))
 
@@ -861,18 +988,36 @@ def _dkv_kernel(ids_ref, first_ref, end_ref, whole_ref, seg_ref, pos_ref, lse2_r
           p_KR = lax.cond(whole, lambda p_KR: p_KR, masked, p_KR)
           ds_KR = p_KR * (dp_KR - cols(rowf_smem.at[slot, 1]))
           p16, ds16 = p_KR.astype(q_t.dtype), ds_KR.astype(q_t.dtype)
-          dk, dv, p16, ds16 = lax.optimization_barrier((dk, dv, p16, ds16))
-        plgpu.barrier_arrive(sched)  # elementwise work done
-        with jax.named_scope("wait_turn"):
-          plgpu.barrier_wait(sched)  # tensor cores free
-        with jax.named_scope("dkdv_mma"):
-          dv = _accumulate(dv, p16, do_t, wg_p)
-          dk = _accumulate(dk, ds16, q_t, wg_p)
-        plgpu.barrier_arrive(chunk_free.at[slot])
-        return dk, dv, cstep + 1
+        return dk, dv, p16, ds16, cstep + 1
+
+      def chunks(cstep):
+        """The item's chunks (at least one): the first, the rest, then the last chunk's
+        dV and dK products in a turn of their own."""
+        zeros_KR = plgpu.layout_cast(jnp.zeros(shape, q_smem.dtype), plgpu.Layout.WGMMA)
+        carry = chunk_body(first, (zeros, zeros, zeros_KR, zeros_KR, cstep), first=True)
+        dk, dv, p16, ds16, cstep = lax.fori_loop(
+            first + 1, end, functools.partial(chunk_body, first=False), carry)
+        last = lax.rem(cstep + stages - 1, stages)
+        with jax.named_scope("turn"):
+          wait_turn()
+        if wg_p is None:
+          def mma(refs):
+            dk_ref, dv_ref = refs
+            plgpu.wgmma(dv_ref, p16, do_smem.at[last])
+            plgpu.wgmma(dk_ref, ds16, q_smem.at[last])
+            end_turn()
+
+          with jax.named_scope("dkdv_wait"):
+            dk, dv = pl.run_state(mma)((plgpu.ACC.init(dk), plgpu.ACC.init(dv)))
+        else:
+          end_turn()
+          dv = _accumulate(dv, p16, do_smem.at[last], wg_p)
+          dk = _accumulate(dk, ds16, q_smem.at[last], wg_p)
+        plgpu.barrier_arrive(chunk_free.at[last])
+        return dk, dv, cstep
 
       zeros = plgpu.layout_cast(jnp.zeros((_ROWS, d), jnp.float32), plgpu.Layout.WGMMA)
-      dk, dv, cstep = lax.fori_loop(first, end, chunk_body, (zeros, zeros, cstep))
+      dk, dv, cstep = lax.cond(end > first, chunks, lambda cstep: (zeros, zeros, cstep), cstep)
       with jax.named_scope("epilogue"):
         # This warpgroup's half of the buffer is no longer read: dK and dV leave through it.
         k_w[...] = (dk * sm_scale).astype(k_w.dtype)
@@ -885,7 +1030,7 @@ def _dkv_kernel(ids_ref, first_ref, end_ref, whole_ref, seg_ref, pos_ref, lse2_r
       return cstep
 
     lax.fori_loop(0, trips, item_body, jnp.int32(0))
-    pl.when(wg == 0)(schedule)
+    finish()
     plgpu.wait_smem_to_gmem(0)
 
 
@@ -943,7 +1088,7 @@ def moba_dkv(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_id
             plgpu.Barrier(num_arrivals=2, num_barriers=2),
             plgpu.Barrier(num_arrivals=6, num_barriers=stages),
             plgpu.Barrier(num_arrivals=2, num_barriers=stages),
-            plgpu.Barrier(num_arrivals=2))
+            plgpu.Barrier(num_barriers=2))  # the compute warpgroups' turns (_turns)
     pl.run_scoped(lambda *scoped: kernel(*refs, scoped), *scratch, bars, collective_axes="wg")
 
   call = _persistent_call(entry, [jax.ShapeDtypeStruct(k_BTKD.shape, k_BTKD.dtype),

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# One device call for a change to the Hopper kernels: their GPU tests, the GPU-time breakdown
+# of a forward+backward step (trace_moba.py), where each kernel's warpgroups spend their
+# cycles (profile_hopper.py), and forward+backward beside cuDNN at the 16/16 x 128 headline
+# points (block 512; KS, default k = 3 8 16). BACKENDS="triton mosaic" times both kernel sets;
+# PROFILE_ARGS go to profile_hopper.py, PROFILE=0 leaves it out.
+#   bash experiments/h200/step_call.sh
+set -uo pipefail
+OUT=${OUT:?set OUT to a writable directory}
+export PYTHONUNBUFFERED=1
+KS=${KS:-"3 8 16"}
+BACKENDS=${BACKENDS:-"mosaic"}
+timeout 200 python3 -m pytest tests/test_moba_hopper.py -m gpu -p no:cacheprovider \
+    > "$OUT/pytest.txt" 2>&1
+echo "pytest -m gpu: exit $? ($(grep -E 'passed|failed|error' "$OUT/pytest.txt" | tail -1))"
+timeout 90 python3 experiments/trace_moba.py --heads h128 --block 512 --k 3 \
+    --backend mosaic --out "$OUT/trace.json" > "$OUT/trace.log" 2>&1
+echo "trace: exit $?"
+if [ "${PROFILE:-1}" = 1 ]; then
+  # shellcheck disable=SC2086
+  timeout 120 python3 experiments/profile_hopper.py ${PROFILE_ARGS:-} --out "$OUT/prof.json" \
+      > "$OUT/prof.log" 2>&1
+  echo "profile: exit $?"; tail -40 "$OUT/prof.log"
+fi
+# shellcheck disable=SC2086
+timeout 240 python3 experiments/bench_kernel.py --backends $BACKENDS --seqs 32768 --blocks 512 \
+    --ks $KS --heads h128 --out "$OUT/h128.json" > "$OUT/h128.log" 2>&1
+echo "h128: exit $?"; grep -A8 "^kind " "$OUT/h128.log"
+head -14 "$OUT/trace.log"
