@@ -934,48 +934,25 @@ def _dkv_kernel(ids_ref, first_ref, end_ref, whole_ref, seg_ref, pos_ref, lse2_r
       with jax.named_scope("wait_kv"):
         plgpu.barrier_wait(kv_bar.at[buf])
 
-      def chunk_body(c, carry, *, first):
-        """Chunk c: dV += P^T dO and dK += dS^T q of the previous chunk (but in the first)
-        and S^T, dP^T of this one are issued in one turn on the tensor cores, so that the
-        other warpgroup's turn falls in this one's elementwise work."""
-        dk, dv, p16_prev, ds16_prev, cstep = carry
+      def chunk_body(c, carry):
+        dk, dv, cstep = carry
         slot = lax.rem(cstep, stages)
-        prev = lax.rem(cstep + stages - 1, stages)
         whole = lax.rem(n, tiles_per_block) < whole_ref[b, g, c]  # loaded under the waits
         with jax.named_scope("wait_chunk"):
           plgpu.barrier_wait(chunk_bar.at[slot])
         q_t, do_t = q_smem.at[slot], do_smem.at[slot]
 
-        def products(s_ref, dp_ref, dk_ref=None, dv_ref=None):
+        def products(s_ref, dp_ref):
           with jax.named_scope("turn"):
             wait_turn()
-          if dk_ref is not None:
-            plgpu.wgmma(dv_ref, p16_prev, do_smem.at[prev])
-            plgpu.wgmma(dk_ref, ds16_prev, q_smem.at[prev])
           plgpu.wgmma(s_ref, k_w, q_t.transpose((1, 0)))
           plgpu.wgmma(dp_ref, v_w, do_t.transpose((1, 0)))
           end_turn()
           with jax.named_scope("products_wait"):
             return s_ref[...], dp_ref[...]
 
-        accs = (plgpu.ACC(shape, jnp.float32), plgpu.ACC(shape, jnp.float32))
-        if first or wg_p is not None:
-          # (Interpret mode: the previous chunk's products through shared memory, after.)
-          s_KR, dp_KR = pl.run_scoped(products, *accs)
-          if not first:
-            dv = _accumulate(dv, p16_prev, do_smem.at[prev], wg_p)
-            dk = _accumulate(dk, ds16_prev, q_smem.at[prev], wg_p)
-        else:
-          def issued(refs):
-            dk_ref, dv_ref, s_out, dp_out = refs
-            s_out[...], dp_out[...] = pl.run_scoped(
-                lambda s_ref, dp_ref: products(s_ref, dp_ref, dk_ref, dv_ref), *accs)
-
-          zeros_KR = plgpu.layout_cast(jnp.zeros(shape, jnp.float32), plgpu.Layout.WGMMA)
-          dk, dv, s_KR, dp_KR = pl.run_state(issued)(
-              (plgpu.ACC.init(dk), plgpu.ACC.init(dv), zeros_KR, zeros_KR))
-        if not first:
-          plgpu.barrier_arrive(chunk_free.at[prev])
+        s_KR, dp_KR = pl.run_scoped(products, plgpu.ACC(shape, jnp.float32),
+                                    plgpu.ACC(shape, jnp.float32))
         with jax.named_scope("ds"):
           p_KR = jnp.exp2(s_KR * (sm_scale * _LOG2E) - cols(rowf_smem.at[slot, 0]))
 
@@ -988,36 +965,27 @@ def _dkv_kernel(ids_ref, first_ref, end_ref, whole_ref, seg_ref, pos_ref, lse2_r
           p_KR = lax.cond(whole, lambda p_KR: p_KR, masked, p_KR)
           ds_KR = p_KR * (dp_KR - cols(rowf_smem.at[slot, 1]))
           p16, ds16 = p_KR.astype(q_t.dtype), ds_KR.astype(q_t.dtype)
-        return dk, dv, p16, ds16, cstep + 1
-
-      def chunks(cstep):
-        """The item's chunks (at least one): the first, the rest, then the last chunk's
-        dV and dK products in a turn of their own."""
-        zeros_KR = plgpu.layout_cast(jnp.zeros(shape, q_smem.dtype), plgpu.Layout.WGMMA)
-        carry = chunk_body(first, (zeros, zeros, zeros_KR, zeros_KR, cstep), first=True)
-        dk, dv, p16, ds16, cstep = lax.fori_loop(
-            first + 1, end, functools.partial(chunk_body, first=False), carry)
-        last = lax.rem(cstep + stages - 1, stages)
+          dk, dv, p16, ds16 = lax.optimization_barrier((dk, dv, p16, ds16))
         with jax.named_scope("turn"):
           wait_turn()
         if wg_p is None:
           def mma(refs):
             dk_ref, dv_ref = refs
-            plgpu.wgmma(dv_ref, p16, do_smem.at[last])
-            plgpu.wgmma(dk_ref, ds16, q_smem.at[last])
+            plgpu.wgmma(dv_ref, p16, do_t)
+            plgpu.wgmma(dk_ref, ds16, q_t)
             end_turn()
 
-          with jax.named_scope("dkdv_wait"):
+          with jax.named_scope("dkdv_mma"):
             dk, dv = pl.run_state(mma)((plgpu.ACC.init(dk), plgpu.ACC.init(dv)))
         else:
           end_turn()
-          dv = _accumulate(dv, p16, do_smem.at[last], wg_p)
-          dk = _accumulate(dk, ds16, q_smem.at[last], wg_p)
-        plgpu.barrier_arrive(chunk_free.at[last])
-        return dk, dv, cstep
+          dv = _accumulate(dv, p16, do_t, wg_p)
+          dk = _accumulate(dk, ds16, q_t, wg_p)
+        plgpu.barrier_arrive(chunk_free.at[slot])
+        return dk, dv, cstep + 1
 
       zeros = plgpu.layout_cast(jnp.zeros((_ROWS, d), jnp.float32), plgpu.Layout.WGMMA)
-      dk, dv, cstep = lax.cond(end > first, chunks, lambda cstep: (zeros, zeros, cstep), cstep)
+      dk, dv, cstep = lax.fori_loop(first, end, chunk_body, (zeros, zeros, cstep))
       with jax.named_scope("epilogue"):
         # This warpgroup's half of the buffer is no longer read: dK and dV leave through it.
         k_w[...] = (dk * sm_scale).astype(k_w.dtype)
