@@ -4,8 +4,10 @@ attention shape, for several key tiles and pipeline depths; every configuration'
 checked against the Triton kernel's with the same key tile first. GPU only.
 
     python experiments/persistent_forward.py --heads h128 --block 512 --k 3 \\
-        --configs 128,2 64,2 --dq-configs 64,2,1 64,2,0 --dkv-stages 2 3 \\
+        --configs 128,2,1 128,2,0 --dq-configs 64,3/2,1,1,1 64,2,0,0,0 --dkv-stages 2 \\
         --out /tmp/persistent.json
+
+A configuration's stages are one depth for K and V or K's/V's (3/2).
 """
 
 from __future__ import annotations
@@ -27,10 +29,12 @@ from pallas_kernels.moba import MobaBlockSizes, hopper, kernels  # noqa: E402
 def main():
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   add_point_args(p)
-  p.add_argument("--configs", nargs="+", default=["128,2", "64,2", "64,3"],
-                 help="block_kv,stages of the persistent forward")
-  p.add_argument("--dq-configs", nargs="*", default=["64,2,1", "64,2,0"],
-                 help="block_kv,stages,presorted of the persistent dq kernel")
+  p.add_argument("--configs", nargs="+", default=["128,2,1", "128,2,0"],
+                 help="block_kv,stages,overlap of the persistent forward")
+  p.add_argument("--dq-configs", nargs="*", default=["64,3/2,1,1,1", "64,3/2,1,1,0"],
+                 help="block_kv,stages,presorted,sorted_do,overlap of the persistent dq kernel "
+                      "(sorted_do: q's rows put in sorted order by the row-gather kernel inside "
+                      "the timed call, dO's gathered by the dq kernel)")
   p.add_argument("--dkv-stages", nargs="*", type=int, default=[2, 3],
                  help="chunk pipeline depths of the dk/dv kernel")
   p.add_argument("--reps", type=int, default=10)
@@ -57,14 +61,16 @@ def main():
 
   def mosaic_rows(kernel, configs, run_mosaic, run_triton, operands, rows):
     """Times run_mosaic(bkv, stages, *extra)(*operands) per config 'bkv,stages[,extra...]'
-    after checking its outputs against run_triton(bkv)(*operands) (tuples of arrays; those
-    whose `rows` entry is True are per sorted row, compared on the real rows, the others
-    whole)."""
+    (stages: 'n' or 'k/v') after checking its outputs against run_triton(bkv)(*operands)
+    (tuples of arrays, compared on as many as both give; those whose `rows` entry is True
+    are per sorted row, compared on the real rows, the others whole)."""
     for cfg in configs:
-      bkv, stages, *extra = (int(x) for x in cfg.split(","))
+      bkv, stages, *extra = cfg.split(",")
+      bkv, extra = int(bkv), [int(x) for x in extra]
+      depths = tuple(int(x) for x in stages.split("/"))
       row = dict(kernel=kernel, block_k=bkv, stages=stages, extra=extra)
       try:
-        fn = run_mosaic(bkv, stages, *extra)
+        fn = run_mosaic(bkv, depths[0] if len(depths) == 1 else depths, *extra)
         got, want = fn(*operands), run_triton(bkv)(*operands)
         pick = lambda x, by_row: np.asarray(x, np.float32)[real] if by_row else np.asarray(
             x, np.float32)
@@ -78,9 +84,9 @@ def main():
   tiles = lambda bkv: dataclasses.replace(base, block_k=bkv)
   mosaic_rows(
       "mosaic forward", args.configs,
-      lambda bkv, stages: jax.jit(lambda q_flat, k, v: hopper.moba_forward_rows(
+      lambda bkv, stages, overlap=1: jax.jit(lambda q_flat, k, v: hopper.moba_forward_rows(
           q_flat, lay, k, v, seg, block_size=block, bs=base, interpret=False, block_kv=bkv,
-          stages=stages)),
+          stages=stages, overlap=bool(overlap))),
       lambda bkv: triton_fwd(lay, tiles(bkv)), (q_flat, k, v), rows=(True, True))
 
   dq_operands = (q_flat, do_flat, lse, delta, k, v)
@@ -91,10 +97,11 @@ def main():
          ms=timeit(triton_dq(layout(None), base), *dq_operands, reps=args.reps))
   mosaic_rows(
       "mosaic dq", args.dq_configs,
-      lambda bkv, stages, presorted: jax.jit(lambda q_flat, do_flat, lse, delta, k, v: (
-          hopper.moba_dq_rows(q_flat, do_flat, lse, delta, lay, k, v, seg, block_size=block,
-                              bs=base, interpret=False, block_kv=bkv, stages=stages,
-                              presorted=bool(presorted)),)),
+      lambda bkv, stages, presorted, sorted_do=0, overlap=1: jax.jit(
+          lambda q_flat, do_flat, lse, delta, k, v: tuple(jax.tree.leaves(hopper.moba_dq_rows(
+              q_flat, do_flat, lse, delta, lay, k, v, seg, block_size=block, bs=base,
+              interpret=False, block_kv=bkv, stages=stages, presorted=bool(presorted),
+              sorted_do=bool(sorted_do), overlap=bool(overlap))))),
       lambda bkv: triton_dq(lay, tiles(bkv)), dq_operands, rows=(True,))
 
   triton_dkv = lambda lay: jax.jit(lambda q_flat, do_flat, lse, delta, k, v: kernels.moba_dkv(
@@ -122,11 +129,12 @@ def main():
         "vs Triton (forward: out, lse; dq; dk, dv)")
   for r in result["rows"]:
     if "error" in r:
-      print(f"{r['kernel']:18s} {r['block_k']:7d} {r.get('stages', 0):6d}       {r['error']}")
+      print(f"{r['kernel']:18s} {r['block_k']:7d} {str(r.get('stages', '')):>6s}       "
+            f"{r['error']}")
       continue
     diffs = " ".join(f"{x:.2e}" for x in r.get("max_abs_diff", []))
-    extra = ",".join(str(x) for x in r.get("extra", []))  # dq: presorted
-    print(f"{r['kernel']:18s} {r['block_k']:7d} {r.get('stages', 0):6d} {extra:>5s} "
+    extra = ",".join(str(x) for x in r.get("extra", []))  # the configuration's flags
+    print(f"{r['kernel']:18s} {r['block_k']:7d} {str(r.get('stages', '')):>6s} {extra:>5s} "
           f"{r['ms']:7.3f}  {diffs}")
 
 

@@ -38,14 +38,16 @@ def kernel_args(hq, hkv, block_size, d=64):
   return flat(q), flat(do), flat(lse), flat(delta), layout, k, v, seg
 
 
-@pytest.mark.parametrize("hq, hkv, block_size", [(2, 1, 128), (4, 4, 64), (2, 2, 256)])
-def test_rows_match_triton_forward(hq, hkv, block_size):
+@pytest.mark.parametrize("hq, hkv, block_size, overlap", [
+    (2, 1, 128, True), (4, 4, 64, False), (2, 2, 256, True), (2, 2, 256, False)])
+def test_rows_match_triton_forward(hq, hkv, block_size, overlap):
   """Partial outputs and lse of every row a used chunk holds: the same function as the
   Triton kernel's with the same key tiles (so the same bf16 roundings of P), on fresh inputs
   with packed documents and ragged budgets. Three persistent CTAs, each running several work
   items of two chunks through one K/V stream; 128-key tiles where the block holds them.
   The gathered q rows the kernel stores for the backward (sorted_q) are those XLA's gather
-  puts in sorted order, on every row of every used item (padding rows included)."""
+  puts in sorted order, on every row of every used item (padding rows included). Both
+  schedules of the tensor-core turns (overlap)."""
   q_BSD, _, _, _, layout, k, v, seg = kernel_args(hq, hkv, block_size)
   args = (q_BSD, layout, k, v, seg)
   tiles = dataclasses.replace(HOPPER, block_k=min(128, block_size))
@@ -53,7 +55,7 @@ def test_rows_match_triton_forward(hq, hkv, block_size):
                                                interpret=True)
   got_o, got_lse, got_q = hopper.moba_forward_rows(
       *args, block_size=block_size, bs=HOPPER, interpret=True, block_kv=tiles.block_k,
-      num_ctas=3, sorted_q=True)
+      num_ctas=3, sorted_q=True, overlap=overlap)
   assert got_o.dtype == jnp.bfloat16 and got_lse.dtype == jnp.float32
   chunk_used = np.asarray(layout.chunk_block_BGC) >= 0
   item_used = chunk_used.reshape(*chunk_used.shape[:2], -1, hopper.ITEM_ROWS // HOPPER.block_rows)
@@ -88,21 +90,23 @@ def test_gather_rows_match_xla_gather():
     kernels.gather_rows(do_BSD, layout, run_rows=96, interpret=True)
 
 
-@pytest.mark.parametrize("hq, hkv, block_size, presorted, sorted_do", [
-    (2, 1, 128, False, False), (2, 2, 256, True, False), (2, 1, 256, True, True)])
-def test_dq_rows_match_triton_dq(hq, hkv, block_size, presorted, sorted_do):
+@pytest.mark.parametrize("hq, hkv, block_size, presorted, sorted_do, overlap", [
+    (2, 1, 128, False, False, True), (2, 2, 256, True, False, False),
+    (2, 1, 256, True, True, True), (2, 1, 256, True, True, False)])
+def test_dq_rows_match_triton_dq(hq, hkv, block_size, presorted, sorted_do, overlap):
   """Partial dq of every row a used chunk holds equals the Triton dq kernel's with the same
   64-key tiles, given the same final lse and delta, on fresh inputs with packed documents
   and ragged budgets, with q and dO rows gathered by the kernel, by the row-gather kernel
   beforehand, or q's beforehand and dO's by the kernel, which then also returns them in
-  sorted order (sorted_do); the interpreter's race detector watches the run."""
+  sorted order (sorted_do); both schedules of the tensor-core turns (overlap); the
+  interpreter's race detector watches the run."""
   from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks
   from jax.experimental.pallas import mosaic_gpu as plgpu
   args = kernel_args(hq, hkv, block_size)
   layout = args[4]
   want = kernels.moba_dq_rows(*args, block_size=block_size, bs=HOPPER, interpret=True)
   got = hopper.moba_dq_rows(*args, block_size=block_size, bs=HOPPER, num_ctas=3,
-                            presorted=presorted, sorted_do=sorted_do,
+                            presorted=presorted, sorted_do=sorted_do, overlap=overlap,
                             interpret=plgpu.InterpretGPUParams(detect_races=True))
   jax.block_until_ready(got)
   assert not gpu_callbacks.get_races().races_found

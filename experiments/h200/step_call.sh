@@ -3,7 +3,9 @@
 # of a forward+backward step (trace_moba.py), where each kernel's warpgroups spend their
 # cycles (profile_hopper.py), and forward+backward beside cuDNN at the 16/16 x 128 headline
 # points (block 512; KS, default k = 3 8 16). BACKENDS="triton mosaic" times both kernel sets;
-# PROFILE_ARGS go to profile_hopper.py, PROFILE=0 leaves it out.
+# PROFILE_ARGS go to profile_hopper.py, PROFILE=0 leaves it out; ALONE_ARGS (e.g. "--configs
+# 128,2,1 128,2,0") first times kernel configurations alone (persistent_forward.py), with
+# ptxas' register and spill report of every kernel compiled there.
 #   bash experiments/h200/step_call.sh
 set -uo pipefail
 OUT=${OUT:?set OUT to a writable directory}
@@ -13,6 +15,16 @@ BACKENDS=${BACKENDS:-"mosaic"}
 timeout 200 python3 -m pytest tests/test_moba_hopper.py -m gpu -p no:cacheprovider \
     > "$OUT/pytest.txt" 2>&1
 echo "pytest -m gpu: exit $? ($(grep -E 'passed|failed|error' "$OUT/pytest.txt" | tail -1))"
+if [ -n "${ALONE_ARGS:-}" ]; then
+  # shellcheck disable=SC2086
+  MOSAIC_GPU_DUMP_TO=/tmp/mgpu_dump MOSAIC_GPU_DUMP_PTXAS=1 timeout 300 \
+      python3 experiments/persistent_forward.py $ALONE_ARGS --out "$OUT/alone.json" \
+      > "$OUT/alone.log" 2>&1
+  echo "alone: exit $?"; grep -A30 "^kernel " "$OUT/alone.log"
+  grep -H -E "registers|spill" /tmp/mgpu_dump/*ptxas* 2> /dev/null | sed 's|.*/||' | sort -u \
+      > "$OUT/ptxas.txt"
+  head -40 "$OUT/ptxas.txt"
+fi
 timeout 90 python3 experiments/trace_moba.py --heads h128 --block 512 --k 3 \
     --backend mosaic --out "$OUT/trace.json" > "$OUT/trace.log" 2>&1
 echo "trace: exit $?"

@@ -300,6 +300,27 @@ def _turns(turn):
   return wait_turn, end_turn, lambda: pl.when(wg == 0)(wait_turn)
 
 
+def _mma_turn(turn, accs, products, p_smem, name):
+  """accs[i] + a_i @ b_i for each (a_i, b_i) of `products` (a_i from registers), issued in
+  one turn on the tensor cores (turn: _turns' wait_turn, end_turn) and waited for (the issue
+  and the wait are the named region `name`); with p_smem (interpret mode) through
+  _accumulate."""
+  wait_turn, end_turn = turn
+  with jax.named_scope("turn"):
+    wait_turn()
+  if p_smem is not None:
+    end_turn()
+    return tuple(_accumulate(acc, a, b, p_smem) for acc, (a, b) in zip(accs, products))
+
+  def mma(refs):
+    for ref, (a, b) in zip(refs, products):
+      plgpu.wgmma(ref, a, b)
+    end_turn()
+
+  with jax.named_scope(name):
+    return pl.run_state(mma)(tuple(plgpu.ACC.init(acc) for acc in accs))
+
+
 def _await_last_frees(frees):
   """A streaming warpgroup's end: the compute warpgroups free every buffer once more than it
   was filled (they free them all at the start); observing those last phases also waits for
@@ -372,7 +393,7 @@ def _accumulate(acc, a, b_ref, p_smem):
 def _fwd_kernel(ids_ref, num_ref, blk_ref, steps_ref, unmasked_ref, src_ref, seg_ref, pos_ref,
                 q_ref, k_ref, v_ref, kseg_ref, o_ref, lse_ref, *refs, sm_scale, block_size,
                 block_kv, k_stages, v_stages, num_groups, items_per_group, grid, p_in_smem,
-                presorted):
+                presorted, overlap):
   """Four warpgroups per CTA: two compute warpgroups (64 rows of an item each) and the two
   streams of _streams (K/V tiles; query rows). Each CTA runs items cta, cta + grid, ... of
   the used-item list, so the streams run on across items. The output leaves through the
@@ -428,7 +449,43 @@ def _fwd_kernel(ids_ref, num_ref, blk_ref, steps_ref, unmasked_ref, src_ref, seg
         corr = jnp.exp2(m_prev - m_next)
         return m_next, l_prev * corr + p.sum(axis=1), p.astype(q_tile.dtype), corr
 
-      def step_body(step, carry, *, first):
+      def qk(kslot, pv=None):
+        """S = q K^T on K slot kslot, issued in a turn on the tensor cores (with pv =
+        (acc_ref, P, V slot): that P V after it, left running), returned once done."""
+        def body(s_ref):
+          with jax.named_scope("turn"):
+            wait_turn()
+          plgpu.wgmma(s_ref, q_tile, scoped.k.at[kslot].transpose((1, 0)))
+          if pv is not None:
+            plgpu.wgmma(pv[0], pv[1], scoped.v.at[pv[2]])
+          end_turn()
+          with jax.named_scope("qk_wait"):
+            return plgpu.wgmma_accumulator_load(s_ref, wait_n=0 if pv is None else 1)
+
+        return pl.run_scoped(body, plgpu.ACC(shape, jnp.float32))
+
+      def pv_turn(acc, p16, vslot):
+        """acc + P V on V slot vslot in a turn of its own; frees the slot."""
+        with jax.named_scope("wait_kv"):
+          plgpu.barrier_wait(bars.v.at[vslot])
+        (acc,) = _mma_turn((wait_turn, end_turn), (acc,), [(p16, scoped.v.at[vslot])], p_smem,
+                           "pv")
+        plgpu.barrier_arrive(bars.v_free.at[vslot])
+        return acc
+
+      def plain_step(step, carry):
+        """Key step `step` in two turns: S = q K^T, the softmax, then P V."""
+        acc, m_prev, l_prev, gstep = carry
+        kslot, vslot = lax.rem(gstep, k_stages), lax.rem(gstep, v_stages)
+        with jax.named_scope("wait_kv"):
+          plgpu.barrier_wait(bars.k.at[kslot])
+        s_RK = qk(kslot)
+        with jax.named_scope("softmax"):
+          m_next, l_next, p16, corr = softmax(s_RK, step, kslot, m_prev, l_prev)
+          acc = acc * lax.broadcast_in_dim(corr, acc.shape, [0])
+        return pv_turn(acc, p16, vslot), m_next, l_next, gstep + 1
+
+      def overlapped_step(step, carry, *, first):
         """Key step `step`: S = q K^T of this step and (but in the first) the output's
         P V of the previous one are issued together in one turn on the tensor cores; the
         softmax of S runs while P V does (FlashAttention-3's intra-warpgroup overlap)."""
@@ -439,20 +496,9 @@ def _fwd_kernel(ids_ref, num_ref, blk_ref, steps_ref, unmasked_ref, src_ref, seg
           plgpu.barrier_wait(bars.k.at[slot])
           if not first:
             plgpu.barrier_wait(bars.v.at[prev])
-
-        def products(s_ref, acc_ref=None):
-          with jax.named_scope("turn"):
-            wait_turn()
-          plgpu.wgmma(s_ref, q_tile, scoped.k.at[slot].transpose((1, 0)))
-          if acc_ref is not None:
-            plgpu.wgmma(acc_ref, p16_prev, scoped.v.at[prev])
-          end_turn()
-          with jax.named_scope("qk_wait"):
-            return plgpu.wgmma_accumulator_load(s_ref, wait_n=1 if acc_ref is not None else 0)
-
         if first or p_smem is not None:
           # (Interpret mode: P V through shared memory, in order, after S.)
-          s_RK = pl.run_scoped(products, plgpu.ACC(shape, jnp.float32))
+          s_RK = qk(slot)
           if not first:
             acc = _accumulate(acc, p16_prev, scoped.v.at[prev], p_smem)
           with jax.named_scope("softmax"):
@@ -460,8 +506,7 @@ def _fwd_kernel(ids_ref, num_ref, blk_ref, steps_ref, unmasked_ref, src_ref, seg
         else:
           def overlapped(refs):
             acc_ref, m_ref, l_ref, p_ref, corr_ref = refs
-            s_RK = pl.run_scoped(lambda s_ref: products(s_ref, acc_ref),
-                                 plgpu.ACC(shape, jnp.float32))
+            s_RK = qk(slot, (acc_ref, p16_prev, prev))
             with jax.named_scope("softmax"):
               outs = softmax(s_RK, step, slot, m_prev, l_prev)
             for ref, out in zip((m_ref, l_ref, p_ref, corr_ref), outs):
@@ -478,28 +523,16 @@ def _fwd_kernel(ids_ref, num_ref, blk_ref, steps_ref, unmasked_ref, src_ref, seg
 
       init = (plgpu.layout_cast(jnp.zeros((_ROWS, d), jnp.float32), plgpu.Layout.WGMMA),
               plgpu.layout_cast(jnp.full((_ROWS,), _MASK, jnp.float32), row_layout),
-              plgpu.layout_cast(jnp.zeros((_ROWS,), jnp.float32), row_layout),
-              plgpu.layout_cast(jnp.zeros(shape, q_tile.dtype), plgpu.Layout.WGMMA), gstep)
-      carry = step_body(0, init, first=True)
-      acc, m, l, p16, gstep = lax.fori_loop(1, n, functools.partial(step_body, first=False),
-                                            carry)
-      # The last step's P V, in a turn of its own.
-      last = lax.rem(gstep + v_stages - 1, v_stages)
-      with jax.named_scope("wait_kv"):
-        plgpu.barrier_wait(bars.v.at[last])
-      with jax.named_scope("turn"):
-        wait_turn()
-      if p_smem is None:
-        def pv(acc_ref):
-          plgpu.wgmma(acc_ref, p16, scoped.v.at[last])
-          end_turn()
-
-        with jax.named_scope("pv_wait"):
-          acc = pl.run_state(pv)(plgpu.ACC.init(acc))
+              plgpu.layout_cast(jnp.zeros((_ROWS,), jnp.float32), row_layout))
+      if overlap:
+        p16_0 = plgpu.layout_cast(jnp.zeros(shape, q_tile.dtype), plgpu.Layout.WGMMA)
+        carry = overlapped_step(0, (*init, p16_0, gstep), first=True)
+        acc, m, l, p16, gstep = lax.fori_loop(
+            1, n, functools.partial(overlapped_step, first=False), carry)
+        # The last step's P V, in a turn of its own.
+        acc = pv_turn(acc, p16, lax.rem(gstep + v_stages - 1, v_stages))
       else:
-        end_turn()
-        acc = _accumulate(acc, p16, scoped.v.at[last], p_smem)
-      plgpu.barrier_arrive(bars.v_free.at[last])
+        acc, m, l, gstep = lax.fori_loop(0, n, plain_step, (*init, gstep))
       with jax.named_scope("epilogue"):
         if qs_ref is not None:
           plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the q rows' store has read the tile
@@ -518,7 +551,7 @@ def _fwd_kernel(ids_ref, num_ref, blk_ref, steps_ref, unmasked_ref, src_ref, seg
 def _dq_kernel(ids_ref, num_ref, blk_ref, steps_ref, unmasked_ref, src_ref, seg_ref, pos_ref,
                lse_ref, delta_ref, q_ref, do_ref, k_ref, v_ref, kseg_ref, dq_ref, *refs,
                sm_scale, block_size, block_kv, k_stages, v_stages, num_groups, items_per_group,
-               grid, p_in_smem, presorted):
+               grid, p_in_smem, presorted, overlap):
   """dq per sorted row, on the forward's structure: the streams gather q and dO rows; each
   compute warpgroup runs S = q K^T and dP = dO V^T, dS = P (dP - delta) with
   P = exp(S - lse), and dq += dS K (dS from registers), taking turns on the tensor cores
@@ -563,35 +596,60 @@ def _dq_kernel(ids_ref, num_ref, blk_ref, steps_ref, unmasked_ref, src_ref, seg_
                         lambda p: jnp.where(keep(kslot, start), p, 0.0), p_RK)
         return (p_RK * (dp_RK - delta_RK)).astype(q_tile.dtype)
 
-      def step_body(step, carry, *, first):
+      def products(kslot, vslot, dq=None):
+        """S = q K^T and dP = dO V^T on K slot kslot and V slot vslot, issued in a turn on
+        the tensor cores (with dq = (acc_ref, dS, K slot): that dS K after them, left
+        running), returned once done; frees the V slot."""
+        def body(s_ref, dp_ref):
+          with jax.named_scope("turn"):
+            wait_turn()
+          plgpu.wgmma(s_ref, q_tile, scoped.k.at[kslot].transpose((1, 0)))
+          plgpu.wgmma(dp_ref, do_tile, scoped.v.at[vslot].transpose((1, 0)))
+          if dq is not None:
+            plgpu.wgmma(dq[0], dq[1], scoped.k.at[dq[2]])
+          end_turn()
+          wait_n = 0 if dq is None else 1
+          with jax.named_scope("products_wait"):
+            return (plgpu.wgmma_accumulator_load(s_ref, wait_n=wait_n),
+                    plgpu.wgmma_accumulator_load(dp_ref, wait_n=wait_n))
+
+        out = pl.run_scoped(body, plgpu.ACC(shape, jnp.float32), plgpu.ACC(shape, jnp.float32))
+        plgpu.barrier_arrive(bars.v_free.at[vslot])
+        return out
+
+      def dq_turn(acc, ds16, kslot):
+        """acc + dS K on K slot kslot in a turn of its own; frees the slot."""
+        (acc,) = _mma_turn((wait_turn, end_turn), (acc,), [(ds16, scoped.k.at[kslot])], p_smem,
+                           "dq_mma")
+        plgpu.barrier_arrive(bars.k_free.at[kslot])
+        return acc
+
+      def wait_kv(kslot, vslot):
+        with jax.named_scope("wait_kv"):
+          plgpu.barrier_wait(bars.k.at[kslot])
+          plgpu.barrier_wait(bars.v.at[vslot])
+
+      def plain_step(step, carry):
+        """Key step `step` in two turns: S and dP, dS, then dq += dS K."""
+        acc, gstep = carry
+        kslot, vslot = lax.rem(gstep, k_stages), lax.rem(gstep, v_stages)
+        wait_kv(kslot, vslot)
+        s_RK, dp_RK = products(kslot, vslot)
+        with jax.named_scope("ds"):
+          ds16 = ds(s_RK, dp_RK, step, kslot)
+        return dq_turn(acc, ds16, kslot), gstep + 1
+
+      def overlapped_step(step, carry, *, first):
         """Key step `step`: S = q K^T and dP = dO V^T of this step and (but in the first)
         dq += dS K of the previous one are issued together in one turn on the tensor cores;
         dS of this step is computed while dS K runs (as the forward's softmax)."""
         acc, ds16_prev, gstep = carry
         kslot, vslot = lax.rem(gstep, k_stages), lax.rem(gstep, v_stages)
         prev = lax.rem(gstep + k_stages - 1, k_stages)
-        with jax.named_scope("wait_kv"):
-          plgpu.barrier_wait(bars.k.at[kslot])
-          plgpu.barrier_wait(bars.v.at[vslot])
-
-        def products(s_ref, dp_ref, acc_ref=None):
-          with jax.named_scope("turn"):
-            wait_turn()
-          plgpu.wgmma(s_ref, q_tile, scoped.k.at[kslot].transpose((1, 0)))
-          plgpu.wgmma(dp_ref, do_tile, scoped.v.at[vslot].transpose((1, 0)))
-          if acc_ref is not None:
-            plgpu.wgmma(acc_ref, ds16_prev, scoped.k.at[prev])
-          end_turn()
-          wait_n = 1 if acc_ref is not None else 0
-          with jax.named_scope("products_wait"):
-            return (plgpu.wgmma_accumulator_load(s_ref, wait_n=wait_n),
-                    plgpu.wgmma_accumulator_load(dp_ref, wait_n=wait_n))
-
-        accs = (plgpu.ACC(shape, jnp.float32), plgpu.ACC(shape, jnp.float32))
+        wait_kv(kslot, vslot)
         if first or p_smem is not None:
           # (Interpret mode: dS K through shared memory, in order, after S and dP.)
-          s_RK, dp_RK = pl.run_scoped(products, *accs)
-          plgpu.barrier_arrive(bars.v_free.at[vslot])
+          s_RK, dp_RK = products(kslot, vslot)
           if not first:
             acc = _accumulate(acc, ds16_prev, scoped.k.at[prev], p_smem)
           with jax.named_scope("ds"):
@@ -599,9 +657,7 @@ def _dq_kernel(ids_ref, num_ref, blk_ref, steps_ref, unmasked_ref, src_ref, seg_
         else:
           def overlapped(refs):
             acc_ref, ds_ref = refs
-            s_RK, dp_RK = pl.run_scoped(lambda s_ref, dp_ref: products(s_ref, dp_ref, acc_ref),
-                                        *accs)
-            plgpu.barrier_arrive(bars.v_free.at[vslot])
+            s_RK, dp_RK = products(kslot, vslot, (acc_ref, ds16_prev, prev))
             with jax.named_scope("ds"):
               ds_ref[...] = ds(s_RK, dp_RK, step, kslot)
             with jax.named_scope("dq_wait"):
@@ -612,25 +668,16 @@ def _dq_kernel(ids_ref, num_ref, blk_ref, steps_ref, unmasked_ref, src_ref, seg_
           plgpu.barrier_arrive(bars.k_free.at[prev])
         return acc, ds16, gstep + 1
 
-      init = (plgpu.layout_cast(jnp.zeros((_ROWS, d), jnp.float32), plgpu.Layout.WGMMA),
-              plgpu.layout_cast(jnp.zeros(shape, q_tile.dtype), plgpu.Layout.WGMMA), carry)
-      carry = step_body(0, init, first=True)
-      acc, ds16, gstep = lax.fori_loop(1, n, functools.partial(step_body, first=False), carry)
-      # The last step's dS K, in a turn of its own.
-      last = lax.rem(gstep + k_stages - 1, k_stages)
-      with jax.named_scope("turn"):
-        wait_turn()
-      if p_smem is None:
-        def mma(acc_ref):
-          plgpu.wgmma(acc_ref, ds16, scoped.k.at[last])
-          end_turn()
-
-        with jax.named_scope("dq_wait"):
-          acc = pl.run_state(mma)(plgpu.ACC.init(acc))
+      acc = plgpu.layout_cast(jnp.zeros((_ROWS, d), jnp.float32), plgpu.Layout.WGMMA)
+      if overlap:
+        ds16_0 = plgpu.layout_cast(jnp.zeros(shape, q_tile.dtype), plgpu.Layout.WGMMA)
+        carry = overlapped_step(0, (acc, ds16_0, carry), first=True)
+        acc, ds16, gstep = lax.fori_loop(
+            1, n, functools.partial(overlapped_step, first=False), carry)
+        # The last step's dS K, in a turn of its own.
+        acc = dq_turn(acc, ds16, lax.rem(gstep + k_stages - 1, k_stages))
       else:
-        end_turn()
-        acc = _accumulate(acc, ds16, scoped.k.at[last], p_smem)
-      plgpu.barrier_arrive(bars.k_free.at[last])
+        acc, gstep = lax.fori_loop(0, n, plain_step, (acc, carry))
       with jax.named_scope("epilogue"):
         q_tile[...] = (acc * sm_scale).astype(q_tile.dtype)
         plgpu.commit_smem()
@@ -763,7 +810,8 @@ def _launch(kernel, args, out_type, *, name, layout, segment_ids_BT, block_size,
 def moba_forward_rows(q_BSD, layout, k_BTKD, v_BTKD, segment_ids_BT, *, block_size,
                       bs: MobaBlockSizes, interpret: bool | plgpu.InterpretGPUParams,
                       block_kv: int = 128, stages: int | tuple[int, int] = 2,
-                      num_ctas: int | None = None, sorted_q: bool = False):
+                      num_ctas: int | None = None, sorted_q: bool = False,
+                      overlap: bool = True):
   """Partial output [B, G, L, D] (q dtype) and natural-log lse [B, G, L] per sorted row, as
   kernels.moba_forward_rows, on a layout padded with pad_rows=ITEM_ROWS; q_BSD is q reshaped
   to [B, T * Hq, D]; interpret as in _interpret_params. sorted_q: also return q's rows in
@@ -773,14 +821,16 @@ def moba_forward_rows(q_BSD, layout, k_BTKD, v_BTKD, segment_ids_BT, *, block_si
   `stages` slots (one int for both, or (K's, V's)): the defaults (128 keys, two stages) were
   the fastest on the H200 at 16/16 heads x 128 (BENCHMARKS.md), and 128 keys in three
   stages do not fit its shared memory at head_dim 128. num_ctas: persistent CTAs (default:
-  one per SM; four in interpret mode)."""
+  one per SM; four in interpret mode). overlap: each turn on the tensor cores issues a key
+  step's QK^T with the previous step's PV, and the softmax runs under that PV
+  (FlashAttention-3's intra-warpgroup overlap); else QK^T and PV take a turn each."""
   b, _, d = q_BSD.shape
   _, g, l = layout.row_src_BGL.shape
   _check_operands(q_BSD.dtype, d, bs)
   bkv = _check_layout(layout, block_size, block_kv)
   dt = q_BSD.dtype
   return _launch(
-      _fwd_kernel,
+      functools.partial(_fwd_kernel, overlap=overlap),
       (layout.row_src_BGL, layout.row_seg_BGL, layout.row_pos_BGL, q_BSD, k_BTKD, v_BTKD,
        segment_ids_BT.astype(jnp.int32)),
       [jax.ShapeDtypeStruct((b, g, l, d), dt), jax.ShapeDtypeStruct((b, g, l), jnp.float32)]
@@ -794,7 +844,7 @@ def moba_dq_rows(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segmen
                  block_size, bs: MobaBlockSizes, interpret: bool | plgpu.InterpretGPUParams,
                  block_kv: int = 64, stages: int | tuple[int, int] = (3, 2),
                  num_ctas: int | None = None, presorted: bool = True, q_rows=None, do_rows=None,
-                 sorted_do: bool = False):
+                 sorted_do: bool = False, overlap: bool = True):
   """Partial dq [B, G, L, D] (q dtype) per sorted row, as kernels.moba_dq_rows, on a layout
   padded with pad_rows=ITEM_ROWS. lse and delta are read per sorted row (gathered here, a
   few bytes per row); q and dO too with presorted (in sorted order, gather_rows, the same
@@ -808,7 +858,11 @@ def moba_dq_rows(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segmen
 
   sorted_do: the kernel gathers dO's rows itself (from do_BSD; q as presorted says) and
   also returns them in sorted order, [B, G, L, D] on the rows of used items, for moba_dkv's
-  do_rows: (dq, do_rows)."""
+  do_rows: (dq, do_rows).
+
+  overlap: each turn on the tensor cores issues a key step's S and dP with the previous
+  step's dS K, and dS is computed under that dS K (as the forward's); else S, dP and dS K
+  take a turn each."""
   b, g, l = layout.row_src_BGL.shape
   if (q_rows is not None or do_rows is not None) and not presorted:
     raise ValueError("q_rows / do_rows (rows in sorted order) need presorted=True")
@@ -824,7 +878,7 @@ def moba_dq_rows(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segmen
   _check_operands(dt, d, bs)
   bkv = _check_layout(layout, block_size, block_kv)
   out = _launch(
-      _dq_kernel,
+      functools.partial(_dq_kernel, overlap=overlap),
       (layout.row_src_BGL, layout.row_seg_BGL, layout.row_pos_BGL, sorted_rows(lse_BS, layout),
        sorted_rows(delta_BS, layout), q, do, k_BTKD, v_BTKD,
        segment_ids_BT.astype(jnp.int32)),
@@ -966,21 +1020,8 @@ def _dkv_kernel(ids_ref, first_ref, end_ref, whole_ref, seg_ref, pos_ref, lse2_r
           ds_KR = p_KR * (dp_KR - cols(rowf_smem.at[slot, 1]))
           p16, ds16 = p_KR.astype(q_t.dtype), ds_KR.astype(q_t.dtype)
           dk, dv, p16, ds16 = lax.optimization_barrier((dk, dv, p16, ds16))
-        with jax.named_scope("turn"):
-          wait_turn()
-        if wg_p is None:
-          def mma(refs):
-            dk_ref, dv_ref = refs
-            plgpu.wgmma(dv_ref, p16, do_t)
-            plgpu.wgmma(dk_ref, ds16, q_t)
-            end_turn()
-
-          with jax.named_scope("dkdv_mma"):
-            dk, dv = pl.run_state(mma)((plgpu.ACC.init(dk), plgpu.ACC.init(dv)))
-        else:
-          end_turn()
-          dv = _accumulate(dv, p16, do_t, wg_p)
-          dk = _accumulate(dk, ds16, q_t, wg_p)
+        dv, dk = _mma_turn((wait_turn, end_turn), (dv, dk), [(p16, do_t), (ds16, q_t)], wg_p,
+                           "dkdv_mma")
         plgpu.barrier_arrive(chunk_free.at[slot])
         return dk, dv, cstep + 1
 
