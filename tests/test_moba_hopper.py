@@ -218,6 +218,15 @@ def test_unsupported_arguments_are_errors(dtype, d, bs, match):
                    backend="cuda", interpret=True)
 
 
+@pytest.mark.parametrize("stages", [1, (3, 1), (1, 2)])
+def test_fewer_than_two_stages_is_an_error(stages):
+  """Each K/V stream needs two slots (one filling while one is read)."""
+  q_BSD, _, _, _, layout, k, v, seg = kernel_args(2, 2, 128)
+  with pytest.raises(ValueError, match="two stages"):
+    hopper.moba_forward_rows(q_BSD, layout, k, v, seg, block_size=128, bs=HOPPER,
+                             interpret=True, stages=stages)
+
+
 @pytest.mark.gpu
 def test_gpu_compiled_mosaic_kernels_match_reference():
   if "H100" not in jax.devices()[0].device_kind and "H200" not in jax.devices()[0].device_kind:

@@ -6,12 +6,17 @@ Same contracts as kernels.moba_forward_rows / moba_dq_rows / moba_dkv, so the gl
 attention.py does not change. What differs:
 
 * One CTA per SM, walking a list of work items (cta, cta + grid, ...); two compute
-  warpgroups take turns on the tensor cores (one's softmax or dS under the other's
-  products), with P and dS fed to wgmma from registers.
+  warpgroups take strict turns issuing their products to the tensor cores (_turns: one's
+  softmax or dS runs under the other's products), with P and dS fed to wgmma from
+  registers. A turn issues one step's first products (forward QK^T; dq S and dP; dk/dv S^T
+  and dP^T) or its update (PV; dS K; dV and dK); with `overlap` (dq's default) a turn issues
+  a step's first products together with the previous step's update, whose wait then falls
+  after this step's elementwise work (FlashAttention-3's intra-warpgroup overlap).
 * Forward and dq: items of ITEM_ROWS = 128 sorted rows, one 64-row half per compute
   warpgroup; the layout pads each block's run to 128 rows (build_kv_layout(pad_rows=
   ITEM_ROWS)), so an item reads one KV block and its halves share every K/V tile. A producer
-  warpgroup streams the K/V tiles (`stages` slots) straight on from item to item; a fourth
+  warpgroup streams the K and V tiles (`stages` slots each, or K's and V's: dq keeps a K
+  tile until its dS K is done, a V tile only until dP) straight on from item to item; a fourth
   warpgroup brings the item's q (dq: and dO) rows into a plain staging buffer - gathered
   row by row by TMA after their ids (the swizzled wgmma tiles take no single-row copies), or
   one box per half when they come in sorted order (q in dq) - and each compute warpgroup
