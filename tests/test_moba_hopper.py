@@ -47,15 +47,19 @@ def test_rows_match_triton_forward(hq, hkv, block_size, overlap):
   items of two chunks through one K/V stream; 128-key tiles where the block holds them.
   The gathered q rows the kernel stores for the backward (sorted_q) are those XLA's gather
   puts in sorted order, on every row of every used item (padding rows included). Both
-  schedules of the tensor-core turns (overlap)."""
+  schedules of the tensor-core turns (overlap); the interpreter's race detector watches."""
   q_BSD, _, _, _, layout, k, v, seg = kernel_args(hq, hkv, block_size)
   args = (q_BSD, layout, k, v, seg)
   tiles = dataclasses.replace(HOPPER, block_k=min(128, block_size))
   want_o, want_lse = kernels.moba_forward_rows(*args, block_size=block_size, bs=tiles,
                                                interpret=True)
+  from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks
+  from jax.experimental.pallas import mosaic_gpu as plgpu
   got_o, got_lse, got_q = hopper.moba_forward_rows(
-      *args, block_size=block_size, bs=HOPPER, interpret=True, block_kv=tiles.block_k,
-      num_ctas=3, sorted_q=True, overlap=overlap)
+      *args, block_size=block_size, bs=HOPPER, block_kv=tiles.block_k, num_ctas=3,
+      sorted_q=True, overlap=overlap, interpret=plgpu.InterpretGPUParams(detect_races=True))
+  jax.block_until_ready(got_o)
+  assert not gpu_callbacks.get_races().races_found
   assert got_o.dtype == jnp.bfloat16 and got_lse.dtype == jnp.float32
   chunk_used = np.asarray(layout.chunk_block_BGC) >= 0
   item_used = chunk_used.reshape(*chunk_used.shape[:2], -1, hopper.ITEM_ROWS // HOPPER.block_rows)
