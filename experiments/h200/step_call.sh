@@ -19,8 +19,8 @@ if [ "${TESTS:-1}" = 1 ]; then
   echo "pytest -m gpu: exit $? ($(grep -E 'passed|failed|error' "$OUT/pytest.txt" | tail -1))"
 fi
 if [ -n "${ALONE_ARGS:-}" ]; then
+  # The dump variables also print every kernel's IR: the log stays here, its table goes out.
   # shellcheck disable=SC2086
-  # (The dump variables also print every kernel's IR: the log stays here, its table goes out.)
   MOSAIC_GPU_DUMP_TO=/tmp/mgpu_dump MOSAIC_GPU_DUMP_PTXAS=1 MOSAIC_GPU_DUMP_PTX=1 timeout 300 \
       python3 experiments/persistent_forward.py $ALONE_ARGS --out "$OUT/alone.json" \
       > /tmp/alone.log 2>&1

@@ -72,7 +72,8 @@ forward+backward 0.490-0.500x cuDNN dense causal's useful-FLOP rate with backend
 0.583-0.613x / 0.636-0.650x at top-8 / 16; 0.512-0.527x at top-3 timed back to back) and
 0.39-0.41x with the Triton kernels (target 0.6x not reached at top-3); at block 256 and at
 14/2 heads x 64 the Triton kernels are faster. Time linear in the budget (R^2 0.997 with the
-Hopper kernels, 0.999 with the Triton ones, k=2..16, one compile); the gating 7.8% of the
+Hopper kernels before their turn schedule changed, not re-measured since; 0.999 with the
+Triton ones; k=2..16, one compile); the gating 7.8% of the
 step's GPU time (0.30 of 3.85 ms).
 """
 

@@ -165,8 +165,8 @@ def _streams(item_at, item_loop, trips, src_ref, gathered, row_refs, k_ref, v_re
   straight on from one item into the next, with the tile's key segment ids (the mask's, read
   from shared memory instead of global memory in the compute warpgroups' critical path).
   Warpgroup 3 copies each half's rows' segment and position (`row_refs`, [B, G, L] in sorted
-  order) into scoped.rowi, and gathers each item's rows of every ref in `gathered` into its staging
-  buffer: TMA copies boxes and the wgmma operand layout (8-row swizzled tiles) takes no
+  order) into scoped.rowi, and gathers each item's rows of every ref in `gathered` into its
+  staging buffer: TMA copies boxes and the wgmma operand layout (8-row swizzled tiles) takes no
   single-row copies, so the item's row ids come first (one copy into shared memory, the next
   item's while this one computes), then one copy per row into a plain buffer, which the
   compute warpgroups move into their swizzled tiles. 128 single-row copies per item and ref,
@@ -1086,10 +1086,9 @@ def moba_dkv(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_id
   dt = q_rows.dtype
   transforms = _smem_transforms(dt)
   kernel = functools.partial(_dkv_kernel, sm_scale=1.0 / math.sqrt(d),
-                             tiles_per_row=t // DKV_TILE,
-                             tiles_per_block=block_size // DKV_TILE, num_groups=g,
-                             num_items=num_items,
-                             grid=num_ctas, stages=stages, p_in_smem=bool(interpret))
+                             tiles_per_row=t // DKV_TILE, tiles_per_block=block_size // DKV_TILE,
+                             num_groups=g, num_items=num_items, grid=num_ctas, stages=stages,
+                             p_in_smem=bool(interpret))
 
   def entry(*refs):
     scratch = [plgpu.SMEM((stages, _ROWS, d), dt, transforms=transforms),
