@@ -20,13 +20,14 @@ if [ "${TESTS:-1}" = 1 ]; then
 fi
 if [ -n "${ALONE_ARGS:-}" ]; then
   # The dump variables also print every kernel's IR: the log stays here, its table goes out.
+  mkdir -p /tmp/mgpu_dump  # Mosaic GPU writes no dump into a folder that does not exist
   # shellcheck disable=SC2086
   MOSAIC_GPU_DUMP_TO=/tmp/mgpu_dump MOSAIC_GPU_DUMP_PTXAS=1 MOSAIC_GPU_DUMP_PTX=1 timeout 300 \
       python3 experiments/persistent_forward.py $ALONE_ARGS --out "$OUT/alone.json" \
       > /tmp/alone.log 2>&1
   echo "alone: exit $?"; grep -A30 "^kernel " /tmp/alone.log | tee "$OUT/alone.log"
-  grep -rH -E "registers|spill" /tmp/mgpu_dump 2> /dev/null | sed 's|.*/||' | sort -u \
-      > "$OUT/ptxas.txt"
+  grep -H -E "Used [0-9]+ registers|spill" /tmp/mgpu_dump/*.ptxas 2> /dev/null \
+      | sed 's|.*/||' | sort -u > "$OUT/ptxas.txt"
   head -40 "$OUT/ptxas.txt"
 fi
 timeout 90 python3 experiments/trace_moba.py --heads h128 --block 512 --k 3 \

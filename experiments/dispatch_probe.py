@@ -1,0 +1,185 @@
+"""Where a MoBA call's wall time goes past its GPU time: the host's dispatch, and whether calls
+issued back to back keep the GPU busy.
+
+    PYTHONUNBUFFERED=1 python3 experiments/dispatch_probe.py --backend mosaic \\
+        --out $OUT/dispatch.json
+
+For a trivial jitted call, the gating alone, the forward and the forward+backward step at one
+point (add_point_args), it times a synchronised call (timing.time_call, the project's rule)
+and back-to-back calls (timing.time_pipelined). Then it traces --calls back-to-back steps
+under `jax.profiler.trace` and reads the GPU's timeline: each step's span, the GPU's idle
+time between kernels and between steps, the kernels on either side of the longest gaps, and
+the host events that run while the GPU waits - what the GPU waits for. With --xla-flags
+variants it reruns the timings in a fresh process under each XLA_FLAGS value (XLA reads its
+flags once per process).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import jax
+import jax.numpy as jnp
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from experiments.bench_kernel import add_point_args, point_inputs, step_gating  # noqa: E402
+from experiments.trace_moba import _gpu_threads, load_trace  # noqa: E402
+from pallas_kernels.moba import MobaBlockSizes, moba_attention  # noqa: E402
+from pallas_kernels.moba.attention import BACKENDS  # noqa: E402
+from sparsebalance_jax.balance.timing import time_call, time_pipelined  # noqa: E402
+
+
+def calls(args):
+  """{name: (jitted fn, operands)}: the calls whose dispatch is measured."""
+  _, q, k, v, do, seg, budget = point_inputs(args)
+  attend = lambda q, k, v, seg, budget: moba_attention(
+      q, k, v, seg, budget, block_size=args.block, k_max=args.k, backend=args.backend,
+      interpret=args.interpret)
+  step = jax.jit(jax.grad(lambda q, k, v, do, seg, budget: jnp.sum(
+      attend(q, k, v, seg, budget).astype(jnp.float32) * do.astype(jnp.float32)),
+      argnums=(0, 1, 2)))
+  gating = jax.jit(lambda q, k, seg, budget: step_gating(
+      q, k, seg, budget, block_size=args.block, k_max=args.k, bs=MobaBlockSizes(),
+      interpret=args.interpret, backend=args.backend))
+  return {"trivial": (jax.jit(lambda x: x + 1), (budget,)),
+          "gating": (gating, (q, k, seg, budget)),
+          "forward": (jax.jit(attend), (q, k, v, seg, budget)),
+          "step": (step, (q, k, v, do, seg, budget))}
+
+
+def timings(fns, reps: int) -> dict:
+  out = {}
+  for name, (fn, operands) in fns.items():
+    sync = 1e3 * time_call(fn, *operands, warmup=2, repeats=reps)
+    pipe = 1e3 * time_pipelined(fn, *operands, calls=20, repeats=3)
+    out[name] = {"sync_ms": sync, "pipelined_ms": pipe}
+    print(f"  {name:8s} synchronised {sync:7.3f} ms  back to back {pipe:7.3f} ms", flush=True)
+  return out
+
+
+def timeline(trace: dict, steps: int, top: int = 12) -> dict:
+  """The GPU's stream kernels of `steps` back-to-back steps: span, busy and idle per step, the
+  `top` longest idle gaps with the kernels around them and the host events overlapping
+  them, and the idle time summed by (kernel before, kernel after)."""
+  events = trace["traceEvents"]
+  gpu_pids, threads = _gpu_threads(events)
+  streams = {key for key, name in threads.items() if name.startswith("Stream")}
+  kernels = sorted((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0)), e["name"])
+                   for e in events
+                   if e.get("ph") == "X" and (e.get("pid"), e.get("tid")) in streams)
+  host = [(float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0)), e["name"])
+          for e in events if e.get("ph") == "X" and e.get("pid") not in gpu_pids]
+  if not kernels:
+    raise ValueError("the trace holds no kernels on the GPU's streams")
+  gaps, end = [], kernels[0][1]
+  busy = kernels[0][1] - kernels[0][0]
+  for i in range(1, len(kernels)):
+    start, stop, name = kernels[i]
+    if start > end:
+      gaps.append((start - end, end, start, kernels[i - 1][2], name))
+      busy += stop - start
+    elif stop > end:
+      busy += stop - end
+    end = max(end, stop)
+  span = end - kernels[0][0]
+  by_pair: dict[str, float] = collections.defaultdict(float)
+  for gap, _, _, before, after in gaps:
+    by_pair[f"{before[:60]} -> {after[:60]}"] += gap
+  longest = []
+  for gap, lo, hi, before, after in sorted(gaps, reverse=True)[:top]:
+    during = collections.Counter(
+        name for a, b, name in host if a < hi and b > lo and (b - a) < 0.9 * (hi - lo) + 50)
+    longest.append({"gap_us": gap, "before": before, "after": after,
+                    "host_events": during.most_common(12)})
+  return {"span_ms_per_step": span / steps / 1e3, "busy_ms_per_step": busy / steps / 1e3,
+          "idle_ms_per_step": (span - busy) / steps / 1e3, "kernels": len(kernels),
+          "idle_us_by_neighbours": dict(sorted(by_pair.items(), key=lambda kv: -kv[1])[:top]),
+          "longest_gaps": longest}
+
+
+def host_totals(trace: dict, top: int) -> list:
+  events = trace["traceEvents"]
+  gpu_pids = _gpu_threads(events)[0]
+  totals: dict[str, list] = collections.defaultdict(lambda: [0.0, 0])
+  for e in events:
+    if e.get("ph") == "X" and e.get("pid") not in gpu_pids:
+      totals[e["name"]][0] += float(e.get("dur", 0.0))
+      totals[e["name"]][1] += 1
+  return sorted(([n, us, c] for n, (us, c) in totals.items()), key=lambda r: -r[1])[:top]
+
+
+def traced_back_to_back(fn, operands, steps: int):
+  jax.block_until_ready(fn(*operands))
+  with tempfile.TemporaryDirectory() as log_dir:
+    with jax.profiler.trace(log_dir):
+      out = None
+      for _ in range(steps):
+        out = fn(*operands)
+      jax.block_until_ready(out)
+    return load_trace(log_dir)
+
+
+def main():
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  add_point_args(p)
+  p.add_argument("--backend", default="mosaic", choices=sorted(BACKENDS))
+  p.add_argument("--reps", type=int, default=10)
+  p.add_argument("--calls", type=int, default=8, help="back-to-back steps traced")
+  p.add_argument("--xla-flags", action="append", default=[], metavar="FLAGS",
+                 help="an XLA_FLAGS value to time in a fresh process; repeat for more "
+                      "(--xla-flags=--xla_gpu_enable_command_buffer= ; '' for none)")
+  p.add_argument("--interpret", action="store_true", help="Pallas interpret mode (CPU smoke)")
+  p.add_argument("--timings-only", action="store_true", help=argparse.SUPPRESS)
+  p.add_argument("--out", default=None)
+  args = p.parse_args()
+  print(f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}", flush=True)
+  fns = calls(args)
+  result = {"xla_flags": os.environ.get("XLA_FLAGS", ""), "timings": timings(fns, args.reps)}
+  if not args.timings_only and jax.default_backend() != "gpu":
+    print("no GPU: the back-to-back timeline (GPU kernels) is left out", flush=True)
+  elif not args.timings_only:
+    fn, operands = fns["step"]
+    trace = traced_back_to_back(fn, operands, args.calls)
+    result["back_to_back"] = timeline(trace, args.calls)
+    result["host_totals_us"] = host_totals(trace, 40)
+    tl = result["back_to_back"]
+    print(f"back to back, {args.calls} traced steps: span {tl['span_ms_per_step']:.3f} ms per "
+          f"step, busy {tl['busy_ms_per_step']:.3f}, idle {tl['idle_ms_per_step']:.3f}")
+    for pair, us in tl["idle_us_by_neighbours"].items():
+      print(f"  idle {us / args.calls:8.1f} us/step  {pair}")
+    for g in tl["longest_gaps"][:6]:
+      print(f"  gap {g['gap_us']:7.1f} us  {g['before'][:40]} -> {g['after'][:40]}: "
+            + ", ".join(f"{n[:40]} x{c}" for n, c in g["host_events"][:6]))
+    print("host events in the traced steps (us total, count):")
+    for name, us, count in result["host_totals_us"]:
+      print(f"  {us:9.1f}  x{count:<4d} {name[:100]}")
+  variants = {}
+  for flags in args.xla_flags:
+    env = dict(os.environ, XLA_FLAGS=flags)
+    with tempfile.TemporaryDirectory() as tmp:
+      cmd = [sys.executable, __file__, "--timings-only", "--seq", str(args.seq), "--block",
+             str(args.block), "--k", str(args.k), "--heads", args.heads, "--backend",
+             args.backend, "--reps", str(args.reps), "--out", os.path.join(tmp, "t.json")]
+      cmd += ["--interpret"] if args.interpret else []
+      run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+      print(run.stdout, flush=True)
+      if run.returncode != 0:
+        print(f"XLA_FLAGS={flags!r}: exit {run.returncode}\n{run.stderr[-3000:]}", flush=True)
+        variants[flags] = {"error": run.stderr[-3000:]}
+        continue
+      with open(os.path.join(tmp, "t.json")) as f:
+        variants[flags] = json.load(f)["timings"]
+  result["variants"] = variants
+  if args.out:
+    with open(args.out, "w") as f:
+      json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+  main()
