@@ -9,9 +9,11 @@ point (add_point_args), it times a synchronised call (timing.time_call, the proj
 and back-to-back calls (timing.time_pipelined). Then it traces --calls back-to-back steps
 under `jax.profiler.trace` and reads the GPU's timeline: each step's span, the GPU's idle
 time between kernels and between steps, the kernels on either side of the longest gaps, and
-the host events that run while the GPU waits - what the GPU waits for. With --xla-flags
-variants it reruns the timings in a fresh process under each XLA_FLAGS value (XLA reads its
-flags once per process).
+the host events that run while the GPU waits - what the GPU waits for - and, traced one
+synchronised call at a time, how long a call takes to reach its first kernel and to return
+after its last, with the host events of those calls. With --xla-flags variants it reruns
+the timings in a fresh process under each XLA_FLAGS value (XLA reads its flags once per
+process).
 """
 
 from __future__ import annotations
@@ -125,6 +127,47 @@ def traced_back_to_back(fn, operands, steps: int):
     return load_trace(log_dir)
 
 
+def traced_synchronised(fn, operands, calls: int):
+  jax.block_until_ready(fn(*operands))
+  with tempfile.TemporaryDirectory() as log_dir:
+    with jax.profiler.trace(log_dir):
+      for _ in range(calls):
+        jax.block_until_ready(fn(*operands))
+    return load_trace(log_dir)
+
+
+def sync_phases(trace: dict) -> dict:
+  """Each synchronised call cut in three on the trace's one clock: from the jitted call's
+  start on the host to its first kernel's start on the GPU (dispatch), the GPU's span, and
+  from the last kernel's end to block_until_ready's return (the wait's wake-up); medians
+  over the traced calls, in ms."""
+  events = trace["traceEvents"]
+  gpu_pids, threads = _gpu_threads(events)
+  streams = {key for key, name in threads.items() if name.startswith("Stream")}
+  kernels = sorted((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0))) for e in events
+                   if e.get("ph") == "X" and (e.get("pid"), e.get("tid")) in streams)
+  host = lambda pred: sorted((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0)))
+                             for e in events if e.get("ph") == "X"
+                             and e.get("pid") not in gpu_pids and pred(e["name"]))
+  outer, end = [], -1.0
+  for a, b in host(lambda n: n.startswith("PjitFunction")):
+    if a >= end:  # not nested in the last call's event
+      outer.append((a, b))
+      end = b
+  waits = host(lambda n: "block_until_ready" in n)
+  phases = collections.defaultdict(list)
+  for a, _ in outer:
+    done = next((b for w, b in waits if w >= a), None)
+    inside = [k for k in kernels if a <= k[0] and (done is None or k[1] <= done)]
+    if done is None or not inside:
+      continue
+    first, last = inside[0][0], max(k[1] for k in inside)
+    for name, us in (("dispatch", first - a), ("gpu_span", last - first),
+                     ("wake_up", done - last), ("call", done - a)):
+      phases[name].append(us / 1e3)
+  return {name: sorted(v)[len(v) // 2] for name, v in phases.items()} | {"calls": len(outer)}
+
+
 def main():
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   add_point_args(p)
@@ -156,8 +199,19 @@ def main():
     for g in tl["longest_gaps"][:6]:
       print(f"  gap {g['gap_us']:7.1f} us  {g['before'][:40]} -> {g['after'][:40]}: "
             + ", ".join(f"{n[:40]} x{c}" for n, c in g["host_events"][:6]))
-    print("host events in the traced steps (us total, count):")
+    sync_trace = traced_synchronised(fn, operands, args.calls)
+    phases = sync_phases(sync_trace)
+    result["synchronised_phases_ms"] = phases
+    result["synchronised_host_totals_us"] = host_totals(sync_trace, 40)
+    print(f"synchronised, {phases['calls']} traced calls (medians): dispatch "
+          f"{phases.get('dispatch', float('nan')):.3f} ms to the first kernel, GPU span "
+          f"{phases.get('gpu_span', float('nan')):.3f}, wake-up "
+          f"{phases.get('wake_up', float('nan')):.3f}, call {phases.get('call', float('nan')):.3f}")
+    print("host events in the traced back-to-back steps (us total, count):")
     for name, us, count in result["host_totals_us"]:
+      print(f"  {us:9.1f}  x{count:<4d} {name[:100]}")
+    print("host events in the traced synchronised calls (us total, count):")
+    for name, us, count in result["synchronised_host_totals_us"][:25]:
       print(f"  {us:9.1f}  x{count:<4d} {name[:100]}")
   variants = {}
   for flags in args.xla_flags:
