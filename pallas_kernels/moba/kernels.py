@@ -267,15 +267,16 @@ def _gate_kernel(qh_ref, *refs, block_size, num_picks, has_q_lo):
 
 
 def moba_gate_topk(qh_BTGD, ql_BTGD, gh_BNGD, gl_BNGD, trail_seg_BN, segment_ids_BT, *,
-                   block_size: int, num_picks: int, interpret: bool):
+                   block_size: int, num_picks: int, interpret: bool, tile: int = 64,
+                   num_warps: int = 4):
   """Top num_picks eligible blocks per (token, KV group): int32 [B, T, G, num_picks],
   best first, -1 where fewer are eligible. Inputs are the bf16 (hi, lo) parts of
-  the group queries (lo may be None) and of the gate keys, as gating.gate_dot."""
+  the group queries (lo may be None) and of the gate keys, as gating.gate_dot. tile: tokens
+  per program at most (halved until it divides T and its scores fit in registers)."""
   b, t, g, d = qh_BTGD.shape
   n = gh_BNGD.shape[1]
   npad = max(16, pl.next_power_of_2(n))
   kpad = pl.next_power_of_2(num_picks)
-  tile = 64
   while t % tile or tile * npad > 8192 and tile > 16:  # scores tile stays in registers
     tile //= 2
   pad_n = lambda x: jnp.pad(x, [(0, 0), (0, npad - n)] + [(0, 0)] * (x.ndim - 2))
@@ -292,7 +293,7 @@ def moba_gate_topk(qh_BTGD, ql_BTGD, gh_BNGD, gl_BNGD, trail_seg_BN, segment_ids
           pl.BlockSpec((None, tile), lambda b_, g_, i: (b_, i))],
       out_specs=pl.BlockSpec((None, tile, None, kpad), lambda b_, g_, i: (b_, i, g_, 0)),
       out_shape=jax.ShapeDtypeStruct((b, t, g, kpad), jnp.int32),
-      compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=1),
+      compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
       interpret=interpret,
       name="moba_gate_topk",
   )(qh_BTGD, *([ql_BTGD] if has_q_lo else []), pad_n(gh_BNGD), pad_n(gl_BNGD),

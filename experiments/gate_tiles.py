@@ -1,0 +1,62 @@
+"""The gate's top-k kernel (kernels.moba_gate_topk) alone at one point, for several token
+tiles and warp counts: every configuration's picks checked equal to the default's, then
+its time per call over back-to-back calls (timing.time_pipelined: for a kernel this short a
+synchronised call would time mostly its dispatch). GPU only.
+
+    python experiments/gate_tiles.py --heads h128 --block 512 --k 3 \\
+        --configs 64,4 128,4 128,8 32,4 --out /tmp/gate_tiles.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import jax
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from experiments.bench_kernel import HEADS, add_point_args, point_inputs  # noqa: E402
+from pallas_kernels.moba import gating, kernels  # noqa: E402
+from sparsebalance_jax.balance.timing import time_pipelined  # noqa: E402
+
+
+def main():
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  add_point_args(p)
+  p.add_argument("--configs", nargs="+", default=["64,4", "128,4", "128,8"],
+                 help="tile,num_warps of the gate kernel (the first is the reference)")
+  p.add_argument("--calls", type=int, default=200)
+  p.add_argument("--out", required=True)
+  args = p.parse_args()
+  _, q, k, _, _, seg, _ = point_inputs(args)
+  hkv = HEADS[args.heads][1]
+  gkey, trail = gating.gate_keys(k, seg, block_size=args.block)
+  qh, ql = gating.split_bf16(gating.group_queries(q, hkv))
+  gh, gl = gating.split_bf16(gkey)
+  rows, want = [], None
+  for cfg in args.configs:
+    tile, warps = (int(x) for x in cfg.split(","))
+    fn = jax.jit(lambda qh, ql, gh, gl, trail, seg, tile=tile, warps=warps:
+                 kernels.moba_gate_topk(qh, ql, gh, gl, trail, seg, block_size=args.block,
+                                        num_picks=args.k - 1, interpret=False, tile=tile,
+                                        num_warps=warps))
+    operands = (qh, ql, gh, gl, trail, seg)
+    got = np.asarray(fn(*operands))
+    want = got if want is None else want
+    row = dict(tile=tile, num_warps=warps, picks_equal=bool(np.array_equal(got, want)),
+               ms=1e3 * time_pipelined(fn, *operands, calls=args.calls, repeats=5))
+    rows.append(row)
+    print(row, flush=True)
+  with open(args.out, "w") as f:
+    json.dump(dict(device=jax.devices()[0].device_kind, seq=args.seq, block=args.block,
+                   k=args.k, heads=args.heads, rows=rows), f, indent=1)
+  print(f"{'tile':>5} {'warps':>5} {'ms':>8}  picks equal to the first")
+  for r in rows:
+    print(f"{r['tile']:5d} {r['num_warps']:5d} {r['ms']:8.4f}  {r['picks_equal']}")
+
+
+if __name__ == "__main__":
+  main()
