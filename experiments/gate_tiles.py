@@ -4,7 +4,7 @@ its time per call over back-to-back calls (timing.time_pipelined: for a kernel t
 synchronised call would time mostly its dispatch). GPU only.
 
     python experiments/gate_tiles.py --heads h128 --block 512 --k 3 \\
-        --configs 64,4 128,4 128,8 32,4 --out /tmp/gate_tiles.json
+        --configs 128,8 64,4 128,4 32,4 --out /tmp/gate_tiles.json
 """
 
 from __future__ import annotations
@@ -26,8 +26,9 @@ from sparsebalance_jax.balance.timing import time_pipelined  # noqa: E402
 def main():
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   add_point_args(p)
-  p.add_argument("--configs", nargs="+", default=["64,4", "128,4", "128,8"],
-                 help="tile,num_warps of the gate kernel (the first is the reference)")
+  p.add_argument("--configs", nargs="+", default=["128,8", "64,4", "128,4"],
+                 help="tile,num_warps of the gate kernel (the first is the reference; 128,8 "
+                      "is moba_gate_topk's default)")
   p.add_argument("--calls", type=int, default=200)
   p.add_argument("--out", required=True)
   args = p.parse_args()

@@ -1080,17 +1080,9 @@ def moba_dkv(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_id
   chunks_BGn2 = jnp.repeat(layout.block_chunks_BGN2, block_size // DKV_TILE, axis=2)
   first = (chunks_BGn2[..., 0] + (skip_B1n * gh) // _ROWS).reshape(-1).astype(jnp.int32)
   end = chunks_BGn2[..., 1].reshape(-1).astype(jnp.int32)
-  # Longest tiles first (ties in index order), dealt round-robin to the persistent CTAs:
-  # one sort of int32 keys packing (longest first, index) where they fit, else a stable
-  # argsort of two operands (on the H200 XLA's sort of the latter took 0.030 ms at S=32K).
-  num_items = first.shape[0]
-  most = l // _ROWS + 1  # chunks in a (row, group): no tile has more
-  if most * num_items < 2**31:
-    work = jnp.clip(end - first, 0, most - 1)
-    ids = jnp.sort((most - 1 - work) * num_items + jnp.arange(num_items, dtype=jnp.int32))
-    ids = (ids % num_items).astype(jnp.int32)
-  else:
-    ids = jnp.argsort(first - end, stable=True).astype(jnp.int32)
+  # Longest tiles first, dealt round-robin to the persistent CTAs.
+  ids = jnp.argsort(first - end, stable=True).astype(jnp.int32)
+  num_items = ids.shape[0]
   num_ctas = _grid(num_ctas, interpret)
   dt = q_rows.dtype
   transforms = _smem_transforms(dt)

@@ -267,12 +267,14 @@ def _gate_kernel(qh_ref, *refs, block_size, num_picks, has_q_lo):
 
 
 def moba_gate_topk(qh_BTGD, ql_BTGD, gh_BNGD, gl_BNGD, trail_seg_BN, segment_ids_BT, *,
-                   block_size: int, num_picks: int, interpret: bool, tile: int = 64,
-                   num_warps: int = 4):
+                   block_size: int, num_picks: int, interpret: bool, tile: int = 128,
+                   num_warps: int = 8):
   """Top num_picks eligible blocks per (token, KV group): int32 [B, T, G, num_picks],
   best first, -1 where fewer are eligible. Inputs are the bf16 (hi, lo) parts of
   the group queries (lo may be None) and of the gate keys, as gating.gate_dot. tile: tokens
-  per program at most (halved until it divides T and its scores fit in registers)."""
+  per program at most (halved until it divides T and its scores fit in registers); the
+  defaults were the fastest of gate_tiles.py's on the H200 at S=32K, 16/16 x 128, block 512
+  (BENCHMARKS.md)."""
   b, t, g, d = qh_BTGD.shape
   n = gh_BNGD.shape[1]
   npad = max(16, pl.next_power_of_2(n))
