@@ -67,14 +67,13 @@ most of the prefix), which the useful-FLOP metric does not count. That choice wa
 made on this count, not by timing a query-centric kernel.
 
 Measured (BENCHMARKS.md, H200, bf16, S=32K, block 512, 16 heads, D=128): top-3
-forward+backward 0.490-0.500x cuDNN dense causal's useful-FLOP rate with backend="mosaic"
+forward+backward 0.497-0.520x cuDNN dense causal's useful-FLOP rate with backend="mosaic"
 (hopper.py: forward, dq and dk/dv in Pallas Mosaic GPU, persistent and warp-specialized;
-0.583-0.613x / 0.636-0.650x at top-8 / 16; 0.512-0.527x at top-3 timed back to back) and
+0.602-0.613x / 0.641x at top-8 / 16; 0.519-0.520x at top-3 timed back to back) and
 0.39-0.41x with the Triton kernels (target 0.6x not reached at top-3); at block 256 and at
-14/2 heads x 64 the Triton kernels are faster. Time linear in the budget (R^2 0.997 with the
-Hopper kernels before their turn schedule changed, not re-measured since; 0.999 with the
-Triton ones; k=2..16, one compile); the gating 7.8% of the
-step's GPU time (0.30 of 3.85 ms).
+14/2 heads x 64 the Triton kernels are faster. Time linear in the budget (R^2 0.9975 with the
+Hopper kernels, 0.999 with the Triton ones; k=2..16, one compile); the gating 7.4% of the
+step's GPU time (0.28 of 3.79 ms).
 """
 
 from pallas_kernels.moba.attention import moba_attention
