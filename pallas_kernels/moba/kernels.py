@@ -268,19 +268,22 @@ def _gate_kernel(qh_ref, *refs, block_size, num_picks, has_q_lo):
 
 def moba_gate_topk(qh_BTGD, ql_BTGD, gh_BNGD, gl_BNGD, trail_seg_BN, segment_ids_BT, *,
                    block_size: int, num_picks: int, interpret: bool, tile: int = 128,
-                   num_warps: int = 8):
+                   num_warps: int | None = None):
   """Top num_picks eligible blocks per (token, KV group): int32 [B, T, G, num_picks],
   best first, -1 where fewer are eligible. Inputs are the bf16 (hi, lo) parts of
   the group queries (lo may be None) and of the gate keys, as gating.gate_dot. tile: tokens
-  per program at most (halved until it divides T and its scores fit in registers); the
-  defaults were the fastest of gate_tiles.py's on the H200 at S=32K, 16/16 x 128, block 512
-  (BENCHMARKS.md)."""
+  per program at most (halved until it divides T and its scores fit in registers);
+  num_warps: by default 8 for 128-token tiles, else 4. On the H200 at S=32K, 16/16 x 128,
+  block 512 (gate_tiles.py, BENCHMARKS.md) 128 tokens on 8 warps were the fastest, and 64 on
+  8 much slower than 64 on 4."""
   b, t, g, d = qh_BTGD.shape
   n = gh_BNGD.shape[1]
   npad = max(16, pl.next_power_of_2(n))
   kpad = pl.next_power_of_2(num_picks)
   while t % tile or tile * npad > 8192 and tile > 16:  # scores tile stays in registers
     tile //= 2
+  if num_warps is None:
+    num_warps = 8 if tile >= 128 else 4
   pad_n = lambda x: jnp.pad(x, [(0, 0), (0, npad - n)] + [(0, 0)] * (x.ndim - 2))
   q_spec = pl.BlockSpec((None, tile, None, d), lambda b_, g_, i: (b_, i, g_, 0))
   key_spec = pl.BlockSpec((None, npad, None, d), lambda b_, g_, i: (b_, 0, g_, 0))
