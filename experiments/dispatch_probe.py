@@ -31,7 +31,8 @@ import jax.numpy as jnp
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from experiments.bench_kernel import add_point_args, point_inputs, step_gating  # noqa: E402
-from experiments.trace_moba import _gpu_threads, load_trace  # noqa: E402
+from experiments.trace_moba import (_gpu_threads, host_event_times, load_trace,  # noqa: E402
+                                    stream_kernels)
 from pallas_kernels.moba import MobaBlockSizes, moba_attention  # noqa: E402
 from pallas_kernels.moba.attention import BACKENDS  # noqa: E402
 from sparsebalance_jax.balance.timing import time_call, time_pipelined  # noqa: E402
@@ -70,11 +71,8 @@ def timeline(trace: dict, steps: int, top: int = 12) -> dict:
   `top` longest idle gaps with the kernels around them and the host events overlapping
   them, and the idle time summed by (kernel before, kernel after)."""
   events = trace["traceEvents"]
-  gpu_pids, threads = _gpu_threads(events)
-  streams = {key for key, name in threads.items() if name.startswith("Stream")}
-  kernels = sorted((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0)), e["name"])
-                   for e in events
-                   if e.get("ph") == "X" and (e.get("pid"), e.get("tid")) in streams)
+  gpu_pids = _gpu_threads(events)[0]
+  kernels = stream_kernels(trace)
   host = [(float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0)), e["name"])
           for e in events if e.get("ph") == "X" and e.get("pid") not in gpu_pids]
   if not kernels:
@@ -105,17 +103,6 @@ def timeline(trace: dict, steps: int, top: int = 12) -> dict:
           "longest_gaps": longest}
 
 
-def host_totals(trace: dict, top: int) -> list:
-  events = trace["traceEvents"]
-  gpu_pids = _gpu_threads(events)[0]
-  totals: dict[str, list] = collections.defaultdict(lambda: [0.0, 0])
-  for e in events:
-    if e.get("ph") == "X" and e.get("pid") not in gpu_pids:
-      totals[e["name"]][0] += float(e.get("dur", 0.0))
-      totals[e["name"]][1] += 1
-  return sorted(([n, us, c] for n, (us, c) in totals.items()), key=lambda r: -r[1])[:top]
-
-
 def traced_back_to_back(fn, operands, steps: int):
   jax.block_until_ready(fn(*operands))
   with tempfile.TemporaryDirectory() as log_dir:
@@ -142,10 +129,8 @@ def sync_phases(trace: dict) -> dict:
   from the last kernel's end to block_until_ready's return (the wait's wake-up); medians
   over the traced calls, in ms."""
   events = trace["traceEvents"]
-  gpu_pids, threads = _gpu_threads(events)
-  streams = {key for key, name in threads.items() if name.startswith("Stream")}
-  kernels = sorted((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0))) for e in events
-                   if e.get("ph") == "X" and (e.get("pid"), e.get("tid")) in streams)
+  gpu_pids = _gpu_threads(events)[0]
+  kernels = [(start, end) for start, end, _ in stream_kernels(trace)]
   host = lambda pred: sorted((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0)))
                              for e in events if e.get("ph") == "X"
                              and e.get("pid") not in gpu_pids and pred(e["name"]))
@@ -190,7 +175,7 @@ def main():
     fn, operands = fns["step"]
     trace = traced_back_to_back(fn, operands, args.calls)
     result["back_to_back"] = timeline(trace, args.calls)
-    result["host_totals_us"] = host_totals(trace, 40)
+    result["host_totals_us"] = host_event_times(trace, 40)
     tl = result["back_to_back"]
     print(f"back to back, {args.calls} traced steps: span {tl['span_ms_per_step']:.3f} ms per "
           f"step, busy {tl['busy_ms_per_step']:.3f}, idle {tl['idle_ms_per_step']:.3f}")
@@ -202,7 +187,7 @@ def main():
     sync_trace = traced_synchronised(fn, operands, args.calls)
     phases = sync_phases(sync_trace)
     result["synchronised_phases_ms"] = phases
-    result["synchronised_host_totals_us"] = host_totals(sync_trace, 40)
+    result["synchronised_host_totals_us"] = host_event_times(sync_trace, 40)
     print(f"synchronised, {phases['calls']} traced calls (medians): dispatch "
           f"{phases.get('dispatch', float('nan')):.3f} ms to the first kernel, GPU span "
           f"{phases.get('gpu_span', float('nan')):.3f}, wake-up "

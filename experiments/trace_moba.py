@@ -65,15 +65,21 @@ def device_kernel_times(trace: dict) -> tuple[dict[str, tuple[float, int]], dict
   return {k: (v[0], v[1]) for k, v in kernels.items()}, dict(per_thread)
 
 
+def stream_kernels(trace: dict) -> list[tuple[float, float, str]]:
+  """(start, end, name) in microseconds of the kernels on the GPU's stream threads, by start."""
+  events = trace["traceEvents"]
+  streams = {key for key, name in _gpu_threads(events)[1].items() if name.startswith("Stream")}
+  return sorted((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0)), e["name"])
+                for e in events
+                if e.get("ph") == "X" and (e.get("pid"), e.get("tid")) in streams)
+
+
 def step_spans(trace: dict, reps: int) -> tuple[float, float]:
   """(span, idle) in microseconds per step, averaged over `reps` steps traced one after the
   other: span from a step's first kernel start to its last kernel end on the GPU's stream
   threads, idle = the part of it no kernel ran (the GPU waiting for launches). Steps are
   told apart by the reps - 1 longest gaps between kernels (the host's wait for each step)."""
-  events = trace["traceEvents"]
-  streams = {key for key, name in _gpu_threads(events)[1].items() if name.startswith("Stream")}
-  spans = sorted((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0))) for e in events
-                 if e.get("ph") == "X" and (e.get("pid"), e.get("tid")) in streams)
+  spans = [(start, end) for start, end, _ in stream_kernels(trace)]
   if len(spans) < reps:
     raise ValueError(f"{len(spans)} kernels on the GPU's streams cannot make {reps} steps")
   # Gap before kernel i: from the latest end so far (kernels of two streams may overlap).

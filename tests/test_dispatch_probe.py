@@ -3,18 +3,7 @@
 import pytest
 
 from experiments.dispatch_probe import sync_phases, timeline
-
-
-def _meta(pid, name, tid=None):
-  e = {"ph": "M", "pid": pid, "name": "thread_name" if tid is not None else "process_name",
-       "args": {"name": name}}
-  if tid is not None:
-    e["tid"] = tid
-  return e
-
-
-def _x(pid, tid, name, ts, dur):
-  return {"ph": "X", "pid": pid, "tid": tid, "ts": ts, "dur": dur, "name": name}
+from tests.test_trace_moba import _meta, _x
 
 
 _PROCESSES = [_meta(1, "/host:CPU"), _meta(1, "python", tid=1), _meta(2, "/device:GPU:0"),
@@ -25,9 +14,9 @@ def test_timeline_counts_idle_gaps_between_kernels():
   """Two steps: kernels a 0-100, b 100-300 | c 310-400, d 400-600 (a 10 us gap before c,
   while the host runs cuGraphLaunch 302-309), and a derived-line event that is ignored."""
   kernels = [("a", 0, 100), ("b", 100, 200), ("c", 310, 90), ("d", 400, 200)]
-  trace = {"traceEvents": _PROCESSES + [_x(2, 14, n, ts, dur) for n, ts, dur in kernels] + [
-      _x(2, 99, "fusion", 0, 600), _x(1, 1, "cuGraphLaunch", 302, 7),
-      _x(1, 1, "PjitFunction(step)", 0, 5000)]}  # spans the gap many times over: not listed
+  trace = {"traceEvents": _PROCESSES + [_x(2, 14, n, dur, ts) for n, ts, dur in kernels] + [
+      _x(2, 99, "fusion", 600), _x(1, 1, "cuGraphLaunch", 7, ts=302),
+      _x(1, 1, "PjitFunction(step)", 5000)]}  # spans the gap many times over: not listed
   tl = timeline(trace, steps=2)
   assert tl["span_ms_per_step"] == pytest.approx(0.3)
   assert tl["busy_ms_per_step"] == pytest.approx(0.295)
@@ -41,7 +30,7 @@ def test_timeline_counts_idle_gaps_between_kernels():
 
 def test_timeline_of_overlapping_kernels_has_no_idle_time():
   trace = {"traceEvents": _PROCESSES + [_meta(2, "Stream #15(Compute)", tid=15),
-                                        _x(2, 14, "a", 0, 100), _x(2, 15, "b", 50, 100)]}
+                                        _x(2, 14, "a", 100), _x(2, 15, "b", 100, ts=50)]}
   tl = timeline(trace, steps=1)
   assert tl["span_ms_per_step"] == pytest.approx(0.15)
   assert tl["idle_ms_per_step"] == pytest.approx(0.0)
@@ -55,12 +44,12 @@ def test_sync_phases_split_each_call_at_its_first_and_last_kernel():
   call 1 dispatches in 40 us, runs 0.5 ms, wakes in 20; call 2 in 60, 0.7 ms, 10."""
   events = []
   for start, dispatch, gpu, wake in ((0, 40, 500, 20), (10_000, 60, 700, 10)):
-    events += [_x(1, 1, "PjitFunction(step)", start, 30),
-               _x(1, 1, "PjitFunction(step)", start + 5, 20),  # nested: the same call
-               _x(2, 14, "k1", start + dispatch, gpu / 2),
-               _x(2, 14, "k2", start + dispatch + gpu / 2, gpu / 2),
-               _x(1, 1, "$api.py:2757 block_until_ready", start + 30,
-                  dispatch + gpu + wake - 30)]
+    events += [_x(1, 1, "PjitFunction(step)", 30, ts=start),
+               _x(1, 1, "PjitFunction(step)", 20, ts=start + 5),  # nested: the same call
+               _x(2, 14, "k1", gpu / 2, ts=start + dispatch),
+               _x(2, 14, "k2", gpu / 2, ts=start + dispatch + gpu / 2),
+               _x(1, 1, "$api.py:2757 block_until_ready", dispatch + gpu + wake - 30,
+                  ts=start + 30)]
   phases = sync_phases({"traceEvents": _PROCESSES + events})
   assert phases["calls"] == 2
   # Medians of two values: the upper one.
