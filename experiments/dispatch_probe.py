@@ -66,15 +66,19 @@ def timings(fns, reps: int) -> dict:
   return out
 
 
+def host_spans(trace: dict) -> list[tuple[float, float, str]]:
+  """(start, end, name) in microseconds of the events outside the GPU processes, by start."""
+  events = trace["traceEvents"]
+  gpu_pids = _gpu_threads(events)[0]
+  return sorted((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0)), e["name"])
+                for e in events if e.get("ph") == "X" and e.get("pid") not in gpu_pids)
+
+
 def timeline(trace: dict, steps: int, top: int = 12) -> dict:
   """The GPU's stream kernels of `steps` back-to-back steps: span, busy and idle per step, the
   `top` longest idle gaps with the kernels around them and the host events overlapping
   them, and the idle time summed by (kernel before, kernel after)."""
-  events = trace["traceEvents"]
-  gpu_pids = _gpu_threads(events)[0]
-  kernels = stream_kernels(trace)
-  host = [(float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0)), e["name"])
-          for e in events if e.get("ph") == "X" and e.get("pid") not in gpu_pids]
+  kernels, host = stream_kernels(trace), host_spans(trace)
   if not kernels:
     raise ValueError("the trace holds no kernels on the GPU's streams")
   gaps, end = [], kernels[0][1]
@@ -128,12 +132,9 @@ def sync_phases(trace: dict) -> dict:
   start on the host to its first kernel's start on the GPU (dispatch), the GPU's span, and
   from the last kernel's end to block_until_ready's return (the wait's wake-up); medians
   over the traced calls, in ms."""
-  events = trace["traceEvents"]
-  gpu_pids = _gpu_threads(events)[0]
   kernels = [(start, end) for start, end, _ in stream_kernels(trace)]
-  host = lambda pred: sorted((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0)))
-                             for e in events if e.get("ph") == "X"
-                             and e.get("pid") not in gpu_pids and pred(e["name"]))
+  spans = host_spans(trace)
+  host = lambda pred: [(start, end) for start, end, name in spans if pred(name)]
   outer, end = [], -1.0
   for a, b in host(lambda n: n.startswith("PjitFunction")):
     if a >= end:  # not nested in the last call's event
