@@ -13,7 +13,11 @@ the host events that run while the GPU waits - what the GPU waits for - and, tra
 synchronised call at a time, how long a call takes to reach its first kernel and to return
 after its last, with the host events of those calls. With --xla-flags variants it reruns
 the timings in a fresh process under each XLA_FLAGS value (XLA reads its flags once per
-process).
+process). With --compare it times, in this one process and interleaved round by round (so
+that the GPU's clocks and the process's state drift alike for all), the step under each
+--compile-options set (XLA's per-program options, `jax.jit(compiler_options=)`) and the step
+with the gating precomputed (its kernels and glue only): what the program's structure, not
+the process, costs a synchronised call.
 """
 
 from __future__ import annotations
@@ -33,8 +37,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from experiments.bench_kernel import add_point_args, point_inputs, step_gating  # noqa: E402
 from experiments.trace_moba import (_gpu_threads, host_event_times, load_trace,  # noqa: E402
                                     stream_kernels)
-from pallas_kernels.moba import MobaBlockSizes, moba_attention  # noqa: E402
-from pallas_kernels.moba.attention import BACKENDS  # noqa: E402
+from pallas_kernels.moba import MobaBlockSizes, gating, moba_attention  # noqa: E402
+from pallas_kernels.moba.attention import BACKENDS, _moba_core, gate_and_layout  # noqa: E402
 from sparsebalance_jax.balance.timing import time_call, time_pipelined  # noqa: E402
 
 
@@ -54,6 +58,62 @@ def calls(args):
           "gating": (gating, (q, k, seg, budget)),
           "forward": (jax.jit(attend), (q, k, v, seg, budget)),
           "step": (step, (q, k, v, do, seg, budget))}
+
+
+def parse_options(text: str) -> dict:
+  """'name=value;name=value' -> XLA compile options (ints where the value is one)."""
+  out = {}
+  for item in filter(None, text.split(";")):
+    name, sep, value = item.partition("=")
+    if not sep or not name:
+      raise ValueError(f"--compile-options entry {item!r} is not name=value")
+    out[name.strip()] = int(value) if value.strip().lstrip("-").isdigit() else value.strip()
+  return out
+
+
+def compare_calls(args, option_sets: list[str]) -> dict:
+  """{label: (jitted fn, operands)}: the step under the default options and each of
+  option_sets, and the step on a gating computed beforehand ("kernels only")."""
+  d, q, k, v, do, seg, budget = point_inputs(args)
+  bs = MobaBlockSizes().fit(args.block, d)
+  attend = lambda q, k, v, seg, budget: moba_attention(
+      q, k, v, seg, budget, block_size=args.block, k_max=args.k, backend=args.backend,
+      interpret=args.interpret)
+  loss = lambda q, k, v, do, seg, budget: jnp.sum(
+      attend(q, k, v, seg, budget).astype(jnp.float32) * do.astype(jnp.float32))
+  out = {"step": (jax.jit(jax.grad(loss, argnums=(0, 1, 2))), (q, k, v, do, seg, budget))}
+  for text in option_sets:
+    fn = jax.jit(jax.grad(loss, argnums=(0, 1, 2)), compiler_options=parse_options(text))
+    out[f"step [{text}]"] = (fn, (q, k, v, do, seg, budget))
+  sel, layout = jax.jit(lambda q, k, seg, budget: gate_and_layout(
+      q, k, seg, budget, block_size=args.block, k_max=args.k, bs=bs, interpret=args.interpret,
+      backend=args.backend))(q, k, seg, budget)
+  ok = gating.check_budget(budget, k_max=args.k)
+  core_loss = lambda q, k, v, do, sel, layout: jnp.sum(_moba_core(
+      q, k, v, seg, ok, sel, layout, args.block, bs, args.interpret, args.backend
+  ).astype(jnp.float32) * do.astype(jnp.float32))
+  out["kernels only"] = (jax.jit(jax.grad(core_loss, argnums=(0, 1, 2))),
+                         (q, k, v, do, sel, layout))
+  return out
+
+
+def interleaved(fns, rounds: int, reps: int) -> dict:
+  """Synchronised medians of every call, round by round in turn: per call the median and the
+  spread over rounds of the per-round medians, in ms."""
+  per = {name: [] for name in fns}
+  for fn, operands in fns.values():
+    jax.block_until_ready(fn(*operands))  # compile before any timing
+  for _ in range(rounds):
+    for name, (fn, operands) in fns.items():
+      per[name].append(1e3 * time_call(fn, *operands, warmup=1, repeats=reps))
+  out = {}
+  for name, ms in per.items():
+    ms = sorted(ms)
+    out[name] = {"median_ms": ms[len(ms) // 2], "min_ms": ms[0], "max_ms": ms[-1],
+                 "rounds_ms": per[name]}
+    print(f"  {name[:60]:60s} {ms[len(ms) // 2]:7.3f} ms (rounds {ms[0]:.3f}-{ms[-1]:.3f})",
+          flush=True)
+  return out
 
 
 def timings(fns, reps: int) -> dict:
@@ -163,11 +223,26 @@ def main():
   p.add_argument("--xla-flags", action="append", default=[], metavar="FLAGS",
                  help="an XLA_FLAGS value to time in a fresh process; repeat for more "
                       "(--xla-flags=--xla_gpu_enable_command_buffer= ; '' for none)")
+  p.add_argument("--compare", action="store_true",
+                 help="only the in-process comparison: the step under each --compile-options "
+                      "set and on a precomputed gating, interleaved")
+  p.add_argument("--compile-options", action="append", default=[], metavar="OPTS",
+                 help="XLA compile options for --compare, 'name=value;name=value' (e.g. "
+                      "xla_gpu_graph_min_graph_size=100000); repeat for more sets")
+  p.add_argument("--rounds", type=int, default=7, help="--compare's rounds")
   p.add_argument("--interpret", action="store_true", help="Pallas interpret mode (CPU smoke)")
   p.add_argument("--timings-only", action="store_true", help=argparse.SUPPRESS)
   p.add_argument("--out", default=None)
   args = p.parse_args()
   print(f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}", flush=True)
+  if args.compare:
+    print(f"synchronised, {args.rounds} interleaved rounds of {args.reps} calls:", flush=True)
+    result = {"compare": interleaved(compare_calls(args, args.compile_options), args.rounds,
+                                     args.reps)}
+    if args.out:
+      with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+    return
   fns = calls(args)
   result = {"xla_flags": os.environ.get("XLA_FLAGS", ""), "timings": timings(fns, args.reps)}
   if not args.timings_only and jax.default_backend() != "gpu":

@@ -2,7 +2,7 @@
 
 import pytest
 
-from experiments.dispatch_probe import sync_phases, timeline
+from experiments.dispatch_probe import parse_options, sync_phases, timeline
 from tests.test_trace_moba import _meta, _x
 
 
@@ -57,3 +57,13 @@ def test_sync_phases_split_each_call_at_its_first_and_last_kernel():
   assert phases["gpu_span"] == pytest.approx(0.700)
   assert phases["wake_up"] == pytest.approx(0.020)
   assert phases["call"] == pytest.approx(0.770)
+
+
+def test_parse_options_reads_ints_and_strings_and_names_a_bad_entry():
+  assert parse_options("xla_gpu_graph_min_graph_size=100000;"
+                       "xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL") == {
+      "xla_gpu_graph_min_graph_size": 100000,
+      "xla_gpu_enable_command_buffer": "FUSION,CUSTOM_CALL"}
+  assert parse_options("xla_gpu_enable_command_buffer=") == {"xla_gpu_enable_command_buffer": ""}
+  with pytest.raises(ValueError, match="'oops' is not name=value"):
+    parse_options("a=1;oops")
