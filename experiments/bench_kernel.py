@@ -191,8 +191,7 @@ def profile_stages(t, block, k, hq, hkv, d, variants, reps):
     tag = variant_tag(bs)
     lay_fn = jax.jit(lambda sel: build_kv_layout(sel, seg, num_blocks=n, group_size=gh,
                                                  block_rows=bs.block_rows,
-                                                 mark_full=bs.skip_full_masks,
-                                                 interpret=INTERPRET))
+                                                 mark_full=bs.skip_full_masks))
     row[f"layout_ms_{tag}"] = timeit(lay_fn, sel, reps=reps)
     lay = lay_fn(sel)
     q_flat, do_flat = q.reshape(1, t * hq, d), do.reshape(1, t * hq, d)
@@ -201,8 +200,7 @@ def profile_stages(t, block, k, hq, hkv, d, variants, reps):
     row[f"fwd_kernel_ms_{tag}"] = timeit(fwd, q_flat, k_, v, reps=reps)
     try:  # the Hopper forward (its q row gather included), where the variant fits it
       lay_h = build_kv_layout(sel, seg, num_blocks=n, group_size=gh, block_rows=bs.block_rows,
-                              mark_full=bs.skip_full_masks, pad_rows=hopper.ITEM_ROWS,
-                              interpret=INTERPRET)
+                              mark_full=bs.skip_full_masks, pad_rows=hopper.ITEM_ROWS)
       fwd_h = jax.jit(lambda q_flat, k_, v: hopper.moba_forward_rows(
           q_flat, lay_h, k_, v, seg, block_size=block, bs=bs, interpret=INTERPRET))
       row[f"fwd_mosaic_kernel_ms_{tag}"] = timeit(fwd_h, q_flat, k_, v, reps=reps)
@@ -286,8 +284,7 @@ def kernel_point(args: argparse.Namespace) -> KernelPoint:
   sel = jax.jit(lambda q, k: attention._fused_gate(q, k, seg, budget, block_size=block,
                                                    k_max=args.k, interpret=False))(q, k)
   layout = lambda pad: build_kv_layout(sel, seg, num_blocks=t // block, group_size=hq // hkv,
-                                       block_rows=64, mark_full=False, pad_rows=pad,
-                                       interpret=False)
+                                       block_rows=64, mark_full=False, pad_rows=pad)
   q_flat = q.reshape(1, t * hq, d)
   rng = np.random.default_rng(1)
   do_flat = jnp.asarray(rng.standard_normal(q_flat.shape), q_flat.dtype)

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pallas_kernels.moba import gating, kernels, moba_coverage, moba_gate
+from pallas_kernels.moba import gating, moba_coverage, moba_gate
 from pallas_kernels.moba.reference import reference_gate_scores
 
 
@@ -123,31 +123,6 @@ def test_fused_gate_kernel_matches_gate(dtype, hq, hkv, k_max):
   np.testing.assert_array_equal(np.asarray(got.count_BTG), np.asarray(want.count_BTG))
 
 
-@pytest.mark.parametrize("t, k, n", [(300, 3, 8), (128, 1, 4), (96, 5, 300)])
-def test_block_read_ranks_count_earlier_readers(t, k, n):
-  """Every used (token, slot)'s rank is the number of earlier tokens of its (row, group)
-  that read the same block, and the totals are each block's readers - against a direct
-  count, on random distinct picks with unused slots; chunk boundaries (128, 64 or 16 tokens
-  by the block count) fall inside every case, and T need not be a multiple of them."""
-  rng = np.random.default_rng()
-  b, g = 2, 3
-  sel = np.full((b, g, t, k), n, np.int32)
-  for idx in np.ndindex(b, g, t):
-    m = int(rng.integers(1, k + 1))
-    sel[idx][:m] = rng.choice(n, size=m, replace=False)
-  rank, cnt = kernels.block_read_ranks(jnp.asarray(sel), num_blocks=n, interpret=True)
-  rank, cnt = np.asarray(rank), np.asarray(cnt)
-  for bi, gi in np.ndindex(b, g):
-    seen = np.zeros(n, np.int64)
-    for ti in range(t):
-      for ki in range(k):
-        j = sel[bi, gi, ti, ki]
-        if j < n:
-          assert rank[bi, gi, ti, ki] == seen[j], (bi, gi, ti, ki)
-      seen[sel[bi, gi, ti][sel[bi, gi, ti] < n]] += 1
-    np.testing.assert_array_equal(cnt[bi, gi], seen)
-
-
 def test_full_chunks_attend_every_pair():
   """chunk_full_BGC marks a used chunk exactly where every (row, key of its block) pair is
   attended. (An own-block chunk could only be all-attended if all its rows held the block's last
@@ -157,8 +132,7 @@ def test_full_chunks_attend_every_pair():
   q, k = _inputs(rng, b=b, t=t)
   seg = packed_segments(rng, b, t, block_size, aligned=bool(rng.integers(2)))
   sel = moba_gate(q, k, seg, jnp.asarray([4, 3], jnp.int32), block_size=block_size, k_max=4)
-  lay = gating.build_kv_layout(sel, seg, num_blocks=t // block_size, group_size=2, block_rows=r,
-                               interpret=True)
+  lay = gating.build_kv_layout(sel, seg, num_blocks=t // block_size, group_size=2, block_rows=r)
   seg_np = np.asarray(seg)
   full = np.asarray(lay.chunk_full_BGC)
   cb = np.asarray(lay.chunk_block_BGC)
@@ -176,7 +150,7 @@ def test_full_chunks_attend_every_pair():
 
   # Without marks (kernels that mask every chunk) the flag is all zero; nothing else changes.
   plain = gating.build_kv_layout(sel, seg, num_blocks=t // block_size, group_size=2,
-                                 block_rows=r, mark_full=False, interpret=True)
+                                 block_rows=r, mark_full=False)
   assert not np.asarray(plain.chunk_full_BGC).any()
   for field in ("row_src_BGL", "row_seg_BGL", "row_pos_BGL", "entry_row_BGTK", "chunk_block_BGC",
                 "block_chunks_BGN2"):
@@ -195,7 +169,7 @@ def test_attended_key_tiles_are_attended_whole(tile, ignore_padding):
   seg = packed_segments(rng, b, t, block_size, aligned=bool(rng.integers(2)))
   sel = moba_gate(q, k, seg, jnp.asarray([4, 3], jnp.int32), block_size=block_size, k_max=4)
   lay = gating.build_kv_layout(sel, seg, num_blocks=t // block_size, group_size=2, block_rows=r,
-                               mark_full=False, pad_rows=2 * r, interpret=True)
+                               mark_full=False, pad_rows=2 * r)
   cb = np.asarray(lay.chunk_block_BGC)
   tiles = np.asarray(gating.attended_key_tiles(
       lay.chunk_block_BGC, lay.row_seg_BGL, lay.row_pos_BGL, seg, num_blocks=t // block_size,
@@ -230,7 +204,7 @@ def test_layout_padded_to_wider_runs():
   seg = packed_segments(rng, b, t, block_size, aligned=bool(rng.integers(2)))
   sel = moba_gate(q, k, seg, jnp.asarray([4, 2], jnp.int32), block_size=block_size, k_max=4)
   lay = gating.build_kv_layout(sel, seg, num_blocks=t // block_size, group_size=2, block_rows=r,
-                               pad_rows=pad, interpret=True)
+                               pad_rows=pad)
   cb = np.asarray(lay.chunk_block_BGC)
   has_tok = (np.asarray(lay.row_seg_BGL) != 0).reshape(*cb.shape, r).any(-1)
   assert np.all((cb >= 0) <= has_tok)  # a used chunk holds a real row
@@ -247,4 +221,4 @@ def test_layout_padded_to_wider_runs():
       assert src[bi, gi, entry[bi, gi, ti, si] + h] == ti * 4 + gi * 2 + h
   with pytest.raises(ValueError, match="pad_rows"):
     gating.build_kv_layout(sel, seg, num_blocks=t // block_size, group_size=2, block_rows=r,
-                           pad_rows=24, interpret=True)
+                           pad_rows=24)

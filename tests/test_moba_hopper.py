@@ -31,8 +31,7 @@ def kernel_args(hq, hkv, block_size, d=64):
   budget = jnp.asarray(rng.integers(1, k_max + 1, size=b), jnp.int32)
   sel = moba_gate(q, k, seg, budget, block_size=block_size, k_max=k_max)
   layout = build_kv_layout(sel, seg, num_blocks=t // block_size, group_size=hq // hkv,
-                           block_rows=HOPPER.block_rows, pad_rows=hopper.ITEM_ROWS,
-                           interpret=True)
+                           block_rows=HOPPER.block_rows, pad_rows=hopper.ITEM_ROWS)
   flat = lambda x: x.reshape(b, t * hq, *x.shape[3:])
   lse = jnp.asarray(rng.uniform(2.0, 6.0, size=(b, t, hq)), jnp.float32)
   delta = jnp.asarray(rng.standard_normal((b, t, hq)), jnp.float32)
@@ -163,7 +162,7 @@ def test_persistent_full_items_match_triton_forward():
   budget = jnp.asarray([k_max], jnp.int32)
   sel = moba_gate(q, k, seg, budget, block_size=block_size, k_max=k_max)
   layout = build_kv_layout(sel, seg, num_blocks=t // block_size, group_size=hq // hkv,
-                           block_rows=64, pad_rows=hopper.ITEM_ROWS, interpret=True)
+                           block_rows=64, pad_rows=hopper.ITEM_ROWS)
   ids, num, _, _, full = hopper.persistent_items(layout, seg, block_size=block_size,
                                                  block_kv=64)
   used_full = np.asarray(full)[np.asarray(ids)[:int(num[0])]]

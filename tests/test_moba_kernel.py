@@ -117,8 +117,7 @@ def test_kernel_outputs_poisoned_and_fully_written():
   @jax.jit
   def layout_and_fwd(q, k, v):
     sel = moba_gate(q, k, seg, budget, block_size=block_size, k_max=k_max)
-    layout = build_kv_layout(sel, seg, num_blocks=t // block_size, group_size=2, block_rows=16,
-                             interpret=True)
+    layout = build_kv_layout(sel, seg, num_blocks=t // block_size, group_size=2, block_rows=16)
     return layout, *kernels.moba_forward_rows(
         q.reshape(1, t * 2, 16), layout, k, v, seg, block_size=block_size, bs=SMALL,
         interpret=True)
@@ -174,8 +173,7 @@ def test_chunk_wrongly_marked_full_changes_the_result():
   q, k, v, _ = make_inputs(rng, 1, t, 2, 1, 16, jnp.float32)
   seg = jnp.ones((1, t), jnp.int32)
   sel = moba_gate(q, k, seg, jnp.asarray([3]), block_size=block_size, k_max=3)
-  layout = build_kv_layout(sel, seg, num_blocks=t // block_size, group_size=2, block_rows=16,
-                           interpret=True)
+  layout = build_kv_layout(sel, seg, num_blocks=t // block_size, group_size=2, block_rows=16)
   wrong = dataclasses.replace(
       layout, chunk_full_BGC=(layout.chunk_block_BGC >= 0).astype(jnp.int32))
   bs = dataclasses.replace(SMALL, skip_full_masks=True)
@@ -245,8 +243,7 @@ def test_merge_partials_reads_used_slots_only(hq, hkv, k_max, budget):
   sel = moba_gate(q, k, seg, jnp.asarray(budget, jnp.int32), block_size=block_size,
                   k_max=k_max)
   gh = hq // hkv
-  layout = build_kv_layout(sel, seg, num_blocks=t // block_size, group_size=gh, block_rows=16,
-                           interpret=True)
+  layout = build_kv_layout(sel, seg, num_blocks=t // block_size, group_size=gh, block_rows=16)
   _, g, l = layout.row_src_BGL.shape
   entry = np.asarray(layout.entry_row_BGTK)
   count = np.asarray(sel.count_BTG)

@@ -179,7 +179,7 @@ def gate_and_layout(q_BTHD, k_BTKD, segment_ids_BT, budget_B, *, block_size: int
   layout = gating.build_kv_layout(sel, segment_ids_BT, num_blocks=q_BTHD.shape[1] // block_size,
                                   group_size=q_BTHD.shape[2] // k_BTKD.shape[2],
                                   block_rows=bs.block_rows, mark_full=bs.skip_full_masks,
-                                  pad_rows=_PAD_ROWS.get(backend), interpret=bool(interpret))
+                                  pad_rows=_PAD_ROWS.get(backend))
   return sel, layout
 
 

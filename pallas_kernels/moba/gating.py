@@ -21,13 +21,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-
-from pallas_kernels.moba import kernels
 
 _HIGHEST = lax.Precision.HIGHEST
 
@@ -290,16 +289,34 @@ def moba_coverage(q_BTHD, k_BTKD, segment_ids_BT, budget_B, *, block_size: int, 
   return jnp.where(n_B > 0, (per_token_BT * nonpad_BT).sum(-1) / jnp.maximum(n_B, 1), 1.0)
 
 
+def _count_reads_up_to(sel_BGTK, n: int, chunk: int = 128) -> jax.Array:
+  """[B, G, T, N] int32: how many tokens <= t read block j (inclusive cumsum over t).
+
+  Computed per chunk of tokens as a lower-triangular 0/1 matmul (exact: counts
+  <= chunk in float32) plus a short cumsum of chunk totals, instead of one scan
+  over all T tokens.
+  """
+  b, g, t, _ = sel_BGTK.shape
+  p = math.gcd(t, chunk)
+  reads_BGCPN = (sel_BGTK[..., None] == jnp.arange(n, dtype=jnp.int32)).any(axis=3).astype(
+      jnp.bfloat16).reshape(b, g, t // p, p, n)
+  tri_PQ = (jnp.arange(p)[:, None] >= jnp.arange(p)[None, :]).astype(jnp.bfloat16)
+  within_BGCPN = jnp.einsum("pq,bgcqn->bgcpn", tri_PQ, reads_BGCPN,
+                            preferred_element_type=jnp.float32).astype(jnp.int32)
+  totals_BGCN = within_BGCPN[:, :, :, -1]
+  before_BGCN = jnp.cumsum(totals_BGCN, axis=2) - totals_BGCN
+  return (within_BGCPN + before_BGCN[:, :, :, None]).reshape(b, g, t, n)
+
+
 def build_kv_layout(sel: MobaSelection, segment_ids_BT: jax.Array, *, num_blocks: int,
                     group_size: int, block_rows: int, mark_full: bool = True,
-                    pad_rows: int | None = None, interpret: bool = False) -> MobaKVLayout:
+                    pad_rows: int | None = None) -> MobaKVLayout:
   """Transpose the selection into the KV-centric sorted-row layout the kernels read.
 
-  Sort-free: a token's rank among the tokens that read block j is a count over the
-  (token, block) selection bitmap (kernels.block_read_ranks, a Pallas kernel: `interpret`
-  as for the attention kernels) instead of a sort of T * k_max keys. mark_full=False leaves
-  chunk_full_BGC all zero (every chunk masked) and skips computing it: for kernels that do
-  not skip masks.
+  Sort-free: a token's rank among the tokens that read block j is a count over
+  the (token, block) selection bitmap (see _count_reads_up_to), a few passes over
+  [T, N] instead of a sort of T * k_max keys. mark_full=False leaves chunk_full_BGC all
+  zero (every chunk masked) and skips computing it: for kernels that do not skip masks.
   pad_rows (a multiple of block_rows; default block_rows): each block's run is padded to a
   multiple of it, so that runs of pad_rows rows also read one block each (the Hopper
   persistent forward's 128-row work items); chunks of padding only are unused (-1).
@@ -311,12 +328,14 @@ def build_kv_layout(sel: MobaSelection, segment_ids_BT: jax.Array, *, num_blocks
   if pad % r:
     raise ValueError(f"pad_rows={pad} must be a multiple of block_rows={r}")
   cap_rows = -(-(t * kmax * gh + n * (pad - 1)) // pad) * pad
-  rank_BGTK, cnt_BGN = kernels.block_read_ranks(sel_BGTK, num_blocks=n, interpret=interpret)
+  csum_BGTN = _count_reads_up_to(sel_BGTK, n)
+  cnt_BGN = csum_BGTN[:, :, -1]
   padded_BGN = -(-(cnt_BGN * gh) // pad) * pad
   row_end_BGN = jnp.cumsum(padded_BGN, axis=-1).astype(jnp.int32)
   row_start_BGN = row_end_BGN - padded_BGN
   used_BGTK = sel_BGTK < n
   blk_BGTK = jnp.minimum(sel_BGTK, n - 1)
+  rank_BGTK = jnp.take_along_axis(csum_BGTN, blk_BGTK, axis=3) - 1
   start_BGTK = jnp.take_along_axis(row_start_BGN[:, :, None, :], blk_BGTK, axis=3)
   entry_row_BGTK = jnp.where(used_BGTK, start_BGTK + rank_BGTK * gh, cap_rows).astype(jnp.int32)
   # Inverse map: each row's (token, head) as token * Gh + head; -1 on padding rows.

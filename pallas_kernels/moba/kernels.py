@@ -19,11 +19,10 @@ Masking inside a block: same segment (non-zero) and key position <= query
 position (only binds in the own block). Partial results are combined outside
 the kernels (attention.py), from a large k_max by `merge_partials`.
 
-`block_read_ranks` places each (token, slot) in its block's run of that layout (for
-gating.build_kv_layout). Two more: `gather_rows` puts a per-token array's rows into sorted
-order (for the Hopper backward kernels when they are called without rows already sorted; in
-moba_attention the forward stores q's and dq dO's), and `merge_partials` combines each
-token's per-slot partial results reading only its used slots.
+Two more: `gather_rows` puts a per-token array's rows into sorted order (for the Hopper
+backward kernels when they are called without rows already sorted; in moba_attention the
+forward stores q's and dq dO's), and `merge_partials` combines each token's per-slot
+partial results reading only its used slots.
 """
 
 from __future__ import annotations
@@ -305,64 +304,6 @@ def moba_gate_topk(qh_BTGD, ql_BTGD, gh_BNGD, gl_BNGD, trail_seg_BN, segment_ids
   )(qh_BTGD, *([ql_BTGD] if has_q_lo else []), pad_n(gh_BNGD), pad_n(gl_BNGD),
     pad_n(trail_seg_BN), segment_ids_BT.astype(jnp.int32))
   return picks[..., :num_picks]
-
-
-def _read_ranks_kernel(sel_ref, rank_ref, tot_ref):
-  """One chunk of a (row, KV group)'s tokens: per (slot, token) how many of the chunk's
-  earlier tokens read the same block (a strictly lower-triangular 0/1 matmul over the
-  chunk's (token, block) read bitmap: exact, the counts are small integers), and per block
-  how many of its tokens read it."""
-  kpad, p = sel_ref.shape
-  npad = tot_ref.shape[-1]
-  blk = jnp.arange(npad, dtype=jnp.int32)
-  hits = [sel_ref[k, :][:, None] == blk[None, :] for k in range(kpad)]
-  read = functools.reduce(jnp.logical_or, hits)
-  earlier = jnp.arange(p, dtype=jnp.int32)[None, :] < jnp.arange(p, dtype=jnp.int32)[:, None]
-  before = jnp.dot(earlier.astype(jnp.bfloat16), read.astype(jnp.bfloat16),
-                   preferred_element_type=jnp.float32)
-  for k in range(kpad):
-    rank_ref[k, :] = jnp.sum(jnp.where(hits[k], before, 0.0), axis=1).astype(jnp.int32)
-  tot_ref[...] = jnp.sum(read.astype(jnp.int32), axis=0)
-
-
-def block_read_ranks(sel_BGTK, *, num_blocks: int, interpret: bool):
-  """Per (row, KV group): for every (token, slot) of sel_BGTK (block ids, num_blocks or more
-  on unused slots) how many earlier tokens read the same block, int32 [B, G, T, K]
-  (meaningless on unused slots), and per block how many tokens read it, int32 [B, G, N] -
-  the ranks that place each token in its block's run of the KV-centric layout.
-
-  A kernel per chunk of tokens (counts within the chunk), then the chunks' running totals
-  added by XLA from a [B, G, chunks, N] table: nothing of size T x N is written (a
-  [B, G, T, N] running count is 134 MB at S=32K, 16 groups, 64 blocks)."""
-  b, g, t, k = sel_BGTK.shape
-  n = num_blocks
-  npad = max(16, pl.next_power_of_2(n))
-  kpad = pl.next_power_of_2(k)
-  p = 128
-  while p * npad > 8192 and p > 16:  # the chunk's [P, N] counts stay in registers
-    p //= 2
-  chunks = -(-t // p)
-  # Token padding and padded slots read block n: never a real block.
-  sel_BGKT = jnp.pad(jnp.swapaxes(sel_BGTK, 2, 3).astype(jnp.int32),
-                     [(0, 0), (0, 0), (0, kpad - k), (0, chunks * p - t)], constant_values=n)
-  local_BGKT, tot_BGCN = pl.pallas_call(
-      _read_ranks_kernel,
-      grid=(b, g, chunks),
-      in_specs=[pl.BlockSpec((None, None, kpad, p), lambda b_, g_, c: (b_, g_, 0, c))],
-      out_specs=[pl.BlockSpec((None, None, kpad, p), lambda b_, g_, c: (b_, g_, 0, c)),
-                 pl.BlockSpec((None, None, None, npad), lambda b_, g_, c: (b_, g_, c, 0))],
-      out_shape=[jax.ShapeDtypeStruct(sel_BGKT.shape, jnp.int32),
-                 jax.ShapeDtypeStruct((b, g, chunks, npad), jnp.int32)],
-      compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=1),
-      interpret=interpret,
-      name="moba_block_read_ranks",
-  )(sel_BGKT)
-  before_BGCN = jnp.cumsum(tot_BGCN, axis=2) - tot_BGCN
-  chunk_T = jnp.arange(t, dtype=jnp.int32) // p
-  offset_BGTK = before_BGCN[jnp.arange(b)[:, None, None, None], jnp.arange(g)[None, :, None, None],
-                            chunk_T[None, None, :, None], jnp.minimum(sel_BGTK, n - 1)]
-  rank_BGTK = jnp.swapaxes(local_BGKT, 2, 3)[:, :, :t, :k] + offset_BGTK
-  return rank_BGTK, tot_BGCN.sum(axis=2)[..., :n]
 
 
 def _rows_spec(r, d=None):
