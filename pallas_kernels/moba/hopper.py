@@ -341,15 +341,20 @@ def _slots(bar, n):
 def _take_rows(scoped, shape):
   """Moves this warpgroup's half of the item's gathered rows into its swizzled tiles (once
   the last item's output, which leaves through the first tile, has been read out) and
-  reads its rows' segment and position, returned broadcast to `shape` ([64, block_kv])."""
+  reads its rows' segment and position, returned broadcast to `shape` ([64, block_kv]).
+  Named regions: take_wait_rows (the rows' arrival), take_wait_store (the last output's
+  store), take_rows (the move)."""
   wg = lax.axis_index("wg")
-  plgpu.barrier_wait(scoped.bars.rows.at[wg])
-  plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-  for stage, tile in zip(scoped.stages, scoped.tiles):
-    tile.at[wg][...] = stage.at[wg][...]
-  values = [_per_row(scoped.rowi.at[wg, n], shape) for n in range(2)]
-  plgpu.commit_smem()
-  plgpu.barrier_arrive(scoped.bars.rows_free)
+  with jax.named_scope("take_wait_rows"):
+    plgpu.barrier_wait(scoped.bars.rows.at[wg])
+  with jax.named_scope("take_wait_store"):
+    plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+  with jax.named_scope("take_rows"):
+    for stage, tile in zip(scoped.stages, scoped.tiles):
+      tile.at[wg][...] = stage.at[wg][...]
+    values = [_per_row(scoped.rowi.at[wg, n], shape) for n in range(2)]
+    plgpu.commit_smem()
+    plgpu.barrier_arrive(scoped.bars.rows_free)
   return values
 
 
@@ -429,8 +434,7 @@ def _fwd_kernel(ids_ref, num_ref, blk_ref, steps_ref, unmasked_ref, src_ref, seg
     def item_body(s, item, gstep):
       b, g, i, j, n, unmasked = item
       rows = pl.ds(i * ITEM_ROWS + wg * _ROWS, _ROWS)
-      with jax.named_scope("take_rows"):
-        keep = _masker(*_take_rows(scoped, shape), scoped.kseg)
+      keep = _masker(*_take_rows(scoped, shape), scoped.kseg)
       if qs_ref is not None:
         plgpu.copy_smem_to_gmem(q_tile, qs_ref.at[b, g, rows])
 
@@ -590,8 +594,7 @@ def _dq_kernel(ids_ref, num_ref, blk_ref, steps_ref, unmasked_ref, src_ref, seg_
       # Global loads, issued before the wait for the item's rows.
       lse_RK = _per_row(lse_ref.at[b, g, rows], shape) * _LOG2E
       delta_RK = _per_row(delta_ref.at[b, g, rows], shape)
-      with jax.named_scope("take_rows"):
-        keep = _masker(*_take_rows(scoped, shape), scoped.kseg)
+      keep = _masker(*_take_rows(scoped, shape), scoped.kseg)
       if dos_ref is not None:
         plgpu.copy_smem_to_gmem(do_tile, dos_ref.at[b, g, rows])
 
