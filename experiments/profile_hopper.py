@@ -17,7 +17,7 @@ waits are pv_wait), epilogue; dq - the three take_ regions, wait_kv, turn, produ
 ds, dq_mma and dq_wait (as pv and pv_wait; dq's default is the overlap), epilogue; dk/dv -
 wait_kv, wait_chunk, turn, products_wait, ds, dkdv_mma, epilogue; the streaming warpgroups -
 their waits for free slots (wait_k_free, wait_v_free, wait_rows_free, wait_kv_free,
-wait_chunk_free), the gatherer's wait for an item's row ids (wait_ids) and the row gather.
+wait_chunk_free) and the row gather.
 """
 
 from __future__ import annotations

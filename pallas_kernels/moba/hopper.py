@@ -211,38 +211,38 @@ def _streams(item_at, item_loop, trips, src_ref, gathered, row_refs, k_ref, v_re
       plgpu.copy_gmem_to_smem(src_ref.at[b, g, pl.ds(i * ITEM_ROWS, ITEM_ROWS)],
                               idx_smem, bars.idx)
 
-    def start_half(b, g, i, w):
-      """Waits until compute warpgroup w has moved the last item's half out of the staging
-      buffer (each half on its own: the warpgroups take their rows a turn apart), then
-      copies the half's rows' segment and position."""
-      with jax.named_scope("wait_rows_free"):
-        plgpu.barrier_wait(bars.rows_free.at[w])
-      rows = pl.ds(i * ITEM_ROWS + w * _ROWS, _ROWS)
-      for n, ref in enumerate(row_refs):
-        plgpu.copy_gmem_to_smem(ref.at[b, g, rows], scoped.rowi.at[w, n], bars.rows.at[w])
-      return rows
+    def copy_row_values(b, g, i):
+      for w in range(2):
+        rows = pl.ds(i * ITEM_ROWS + w * _ROWS, _ROWS)
+        for n, ref in enumerate(row_refs):
+          plgpu.copy_gmem_to_smem(ref.at[b, g, rows], scoped.rowi.at[w, n], bars.rows.at[w])
 
     if all(presorted):
       @pl.loop(0, trips)
       def _item(s):
         b, g, i, _, _, _ = item_at(s)
+        with jax.named_scope("wait_rows_free"):
+          plgpu.barrier_wait(bars.rows_free)
+        copy_row_values(b, g, i)
         for w in range(2):
-          rows = start_half(b, g, i, w)
+          rows = pl.ds(i * ITEM_ROWS + w * _ROWS, _ROWS)
           for ref, stage in zip(gathered, stage_smems):
             plgpu.copy_gmem_to_smem(ref.at[b, g, rows], stage.at[w], bars.rows.at[w])
 
-      _await_last_frees(_slots(bars.rows_free, 2))
+      _await_last_frees([bars.rows_free])
       return
     pl.when(trips > 0)(lambda: fetch_ids(0))
 
     @pl.loop(0, trips)
     def _item(s):
       b, g, i, _, _, _ = item_at(s)
-      with jax.named_scope("wait_ids"):
+      with jax.named_scope("wait_rows_free"):
         plgpu.barrier_wait(bars.idx)
-      for w in range(2):
-        rows = start_half(b, g, i, w)
-        with jax.named_scope("gather"):
+        plgpu.barrier_wait(bars.rows_free)  # both halves of the last item moved to their tiles
+      copy_row_values(b, g, i)
+      with jax.named_scope("gather"):
+        for w in range(2):
+          rows = pl.ds(i * ITEM_ROWS + w * _ROWS, _ROWS)
           for ref, stage, whole in zip(gathered, stage_smems, presorted):
             if whole:
               plgpu.copy_gmem_to_smem(ref.at[b, g, rows], stage.at[w], bars.rows.at[w])
@@ -257,13 +257,13 @@ def _streams(item_at, item_loop, trips, src_ref, gathered, row_refs, k_ref, v_re
       plgpu.commit_smem()
       pl.when(s + 1 < trips)(lambda: fetch_ids(s + 1))
 
-    _await_last_frees(_slots(bars.rows_free, 2))
+    _await_last_frees([bars.rows_free])
 
 
 class _Bars(NamedTuple):
   idx: Any       # row ids of an item landed
   rows: Any      # a half's gathered rows landed (per compute warpgroup)
-  rows_free: Any  # a half moved out of the staging buffer (per compute warpgroup)
+  rows_free: Any  # both halves moved out of the staging buffers
   k: Any         # K tile and its key segment ids landed (per slot)
   v: Any         # V tile landed (per slot)
   k_free: Any    # K slot read by both compute warpgroups
@@ -354,7 +354,7 @@ def _take_rows(scoped, shape):
       tile.at[wg][...] = stage.at[wg][...]
     values = [_per_row(scoped.rowi.at[wg, n], shape) for n in range(2)]
     plgpu.commit_smem()
-    plgpu.barrier_arrive(scoped.bars.rows_free.at[wg])
+    plgpu.barrier_arrive(scoped.bars.rows_free)
   return values
 
 
@@ -421,7 +421,7 @@ def _fwd_kernel(ids_ref, num_ref, blk_ref, steps_ref, unmasked_ref, src_ref, seg
 
   @pl.when(wg < 2)
   def _consumer():
-    _consumer_setup([bars.rows_free.at[wg], *_slots(bars.k_free, k_stages),
+    _consumer_setup([bars.rows_free, *_slots(bars.k_free, k_stages),
                      *_slots(bars.v_free, v_stages)])
     wait_turn, end_turn, finish = _turns(bars.turn)
     row_layout = plgpu.Layout.WGMMA.reduce(1)
@@ -580,7 +580,7 @@ def _dq_kernel(ids_ref, num_ref, blk_ref, steps_ref, unmasked_ref, src_ref, seg_
 
   @pl.when(wg < 2)
   def _consumer():
-    _consumer_setup([bars.rows_free.at[wg], *_slots(bars.k_free, k_stages),
+    _consumer_setup([bars.rows_free, *_slots(bars.k_free, k_stages),
                      *_slots(bars.v_free, v_stages)])
     wait_turn, end_turn, finish = _turns(bars.turn)
     shape = (_ROWS, block_kv)
@@ -804,7 +804,7 @@ def _launch(kernel, args, out_type, *, name, layout, segment_ids_BT, block_size,
                 # a box or a copy per row, per operand; + segment, position
                 num_arrivals=sum(1 if p else _ROWS for p in presorted) + 2,
                 num_barriers=2),
-            rows_free=plgpu.Barrier(num_barriers=2),
+            rows_free=plgpu.Barrier(num_arrivals=2),
             k=plgpu.Barrier(num_arrivals=2, num_barriers=ks),  # K, key segments
             v=plgpu.Barrier(num_barriers=vs),
             k_free=plgpu.Barrier(num_arrivals=2, num_barriers=ks),
