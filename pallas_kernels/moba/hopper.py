@@ -246,17 +246,12 @@ def _streams(item_at, item_loop, trips, src_ref, gathered, row_refs, k_ref, v_re
           for ref, stage, whole in zip(gathered, stage_smems, presorted):
             if whole:
               plgpu.copy_gmem_to_smem(ref.at[b, g, rows], stage.at[w], bars.rows.at[w])
-          # The warpgroup's four warps issue a quarter of the rows each: a copy issued by
-          # the warpgroup arrives on its barrier from all 128 threads, a warp's from 32.
-          @plgpu.warp_map
-          def _(warp):
-            for j in range(_ROWS // 4):
-              r = warp * (_ROWS // 4) + j
-              row = pl.ds(idx_smem[w * _ROWS + r], 1)
-              for ref, stage, whole in zip(gathered, stage_smems, presorted):
-                if not whole:
-                  plgpu.copy_gmem_to_smem(ref.at[b, row], stage.at[w, pl.ds(r, 1)],
-                                          bars.rows.at[w])
+          for r in range(_ROWS):
+            row = pl.ds(idx_smem[w * _ROWS + r], 1)
+            for ref, stage, whole in zip(gathered, stage_smems, presorted):
+              if not whole:
+                plgpu.copy_gmem_to_smem(ref.at[b, row], stage.at[w, pl.ds(r, 1)],
+                                        bars.rows.at[w])
       # The next item's ids arrive while this item computes, once every thread has read
       # this item's (the warpgroup barrier, after a proxy fence, of commit_smem).
       plgpu.commit_smem()
