@@ -1,12 +1,13 @@
-"""Call 5 (2026-11-30): the layout's ranks by kernels.block_read_ranks against the running
-count it replaced (the earlier gating._count_reads_up_to, restated below for this timing),
-on the fused gate's selection at several shapes: equal ranks and counts, and each one's time
-(50 calls back to back, median of 3), then the whole gating (gate_and_layout) with the
-kernel (synchronised median of 20).
+"""Call 5 (2026-11-30): the layout's ranks by kernels.block_read_ranks - bd5447d's kernel with
+each slot's comparison rebuilt where it is used and 8 warps, run from a working tree that
+held it and not kept, so this script does not run at later commits - against the running
+count build_kv_layout keeps (gating._count_reads_up_to; the script as run restated the same
+function inline), on the fused gate's selection at several shapes: equal ranks and counts,
+and each one's time (50 calls back to back, median of 3), then the whole gating
+(gate_and_layout) with the kernel (synchronised median of 20).
 
     python3 benchmarks/h200/compare/call5_ranks.py
 """
-import math
 import sys
 
 import jax
@@ -15,23 +16,15 @@ import numpy as np
 
 sys.path.insert(0, ".")
 from experiments.bench_kernel import inputs  # noqa: E402
-from pallas_kernels.moba import MobaBlockSizes, kernels  # noqa: E402
+from pallas_kernels.moba import MobaBlockSizes, gating, kernels  # noqa: E402
 from pallas_kernels.moba.attention import _fused_gate, gate_and_layout  # noqa: E402
 from sparsebalance_jax.balance.timing import time_call, time_pipelined  # noqa: E402
 
 
-def running_count_ranks(sel_BGTK, n, chunk=128):
-  b, g, t, _ = sel_BGTK.shape
-  p = math.gcd(t, chunk)
-  reads = (sel_BGTK[..., None] == jnp.arange(n, dtype=jnp.int32)).any(axis=3).astype(
-      jnp.bfloat16).reshape(b, g, t // p, p, n)
-  tri = (jnp.arange(p)[:, None] >= jnp.arange(p)[None, :]).astype(jnp.bfloat16)
-  within = jnp.einsum("pq,bgcqn->bgcpn", tri, reads,
-                      preferred_element_type=jnp.float32).astype(jnp.int32)
-  totals = within[:, :, :, -1]
-  csum = (within + (jnp.cumsum(totals, axis=2) - totals)[:, :, :, None]).reshape(b, g, t, n)
-  rank = jnp.take_along_axis(csum, jnp.minimum(sel_BGTK, n - 1), axis=3) - 1
-  return rank, csum[:, :, -1]
+def running_count_ranks(sel_BGTK, n):
+  """The layout's ranks and counts as build_kv_layout computes them."""
+  csum = gating._count_reads_up_to(sel_BGTK, n)
+  return jnp.take_along_axis(csum, jnp.minimum(sel_BGTK, n - 1), axis=3) - 1, csum[:, :, -1]
 
 
 rows = []
@@ -54,10 +47,10 @@ for t, block, k, hq in ((32768, 512, 3, 16), (32768, 512, 8, 16), (32768, 512, 1
               and (np.where(used, np.asarray(ro), 0) == np.where(used, np.asarray(rn), 0)).all())
   t_old = 1e3 * time_pipelined(old, sel_BGTK, calls=50, repeats=3)
   t_new = 1e3 * time_pipelined(new, sel_BGTK, calls=50, repeats=3)
-  gating = jax.jit(lambda q, kk: gate_and_layout(q, kk, seg, budget, block_size=block, k_max=k,
-                                                 bs=MobaBlockSizes(), interpret=False,
-                                                 backend="mosaic"))
-  t_gate = 1e3 * time_call(gating, q, kk, warmup=3, repeats=20)
+  gate_fn = jax.jit(lambda q, kk: gate_and_layout(q, kk, seg, budget, block_size=block, k_max=k,
+                                                  bs=MobaBlockSizes(), interpret=False,
+                                                  backend="mosaic"))
+  t_gate = 1e3 * time_call(gate_fn, q, kk, warmup=3, repeats=20)
   rows.append((t, block, k, f"{hq}/{hkv}x{d}", same, t_old, t_new, t_gate))
   print(rows[-1], flush=True)
 
