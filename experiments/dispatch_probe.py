@@ -42,22 +42,28 @@ from pallas_kernels.moba.attention import BACKENDS, _moba_core, gate_and_layout 
 from sparsebalance_jax.balance.timing import time_call, time_pipelined  # noqa: E402
 
 
-def calls(args):
-  """{name: (jitted fn, operands)}: the calls whose dispatch is measured."""
-  _, q, k, v, do, seg, budget = point_inputs(args)
+def _attend(args):
+  """The point's attention (q, k, v, seg, budget) -> out, and its step's loss: the sum of
+  out * dO, whose gradient in (q, k, v) is the forward+backward step."""
   attend = lambda q, k, v, seg, budget: moba_attention(
       q, k, v, seg, budget, block_size=args.block, k_max=args.k, backend=args.backend,
       interpret=args.interpret)
-  step = jax.jit(jax.grad(lambda q, k, v, do, seg, budget: jnp.sum(
-      attend(q, k, v, seg, budget).astype(jnp.float32) * do.astype(jnp.float32)),
-      argnums=(0, 1, 2)))
+  loss = lambda q, k, v, do, seg, budget: jnp.sum(
+      attend(q, k, v, seg, budget).astype(jnp.float32) * do.astype(jnp.float32))
+  return attend, loss
+
+
+def calls(args):
+  """{name: (jitted fn, operands)}: the calls whose dispatch is measured."""
+  _, q, k, v, do, seg, budget = point_inputs(args)
+  attend, loss = _attend(args)
   gating = jax.jit(lambda q, k, seg, budget: step_gating(
       q, k, seg, budget, block_size=args.block, k_max=args.k, bs=MobaBlockSizes(),
       interpret=args.interpret, backend=args.backend))
   return {"trivial": (jax.jit(lambda x: x + 1), (budget,)),
           "gating": (gating, (q, k, seg, budget)),
           "forward": (jax.jit(attend), (q, k, v, seg, budget)),
-          "step": (step, (q, k, v, do, seg, budget))}
+          "step": (jax.jit(jax.grad(loss, argnums=(0, 1, 2))), (q, k, v, do, seg, budget))}
 
 
 def parse_options(text: str) -> dict:
@@ -76,15 +82,11 @@ def compare_calls(args, option_sets: list[str]) -> dict:
   option_sets, and the step on a gating computed beforehand ("kernels only")."""
   d, q, k, v, do, seg, budget = point_inputs(args)
   bs = MobaBlockSizes().fit(args.block, d)
-  attend = lambda q, k, v, seg, budget: moba_attention(
-      q, k, v, seg, budget, block_size=args.block, k_max=args.k, backend=args.backend,
-      interpret=args.interpret)
-  loss = lambda q, k, v, do, seg, budget: jnp.sum(
-      attend(q, k, v, seg, budget).astype(jnp.float32) * do.astype(jnp.float32))
-  out = {"step": (jax.jit(jax.grad(loss, argnums=(0, 1, 2))), (q, k, v, do, seg, budget))}
-  for text in option_sets:
+  _, loss = _attend(args)
+  out = {}
+  for text in ["", *option_sets]:
     fn = jax.jit(jax.grad(loss, argnums=(0, 1, 2)), compiler_options=parse_options(text))
-    out[f"step [{text}]"] = (fn, (q, k, v, do, seg, budget))
+    out[f"step [{text}]" if text else "step"] = (fn, (q, k, v, do, seg, budget))
   sel, layout = jax.jit(lambda q, k, seg, budget: gate_and_layout(
       q, k, seg, budget, block_size=args.block, k_max=args.k, bs=bs, interpret=args.interpret,
       backend=args.backend))(q, k, seg, budget)

@@ -1,8 +1,11 @@
-"""The trace readers of experiments/dispatch_probe.py on hand-made Chrome-format traces."""
+"""experiments/dispatch_probe.py: its trace readers on hand-made Chrome-format traces, its
+option parser and its interleaved timing on trivial calls."""
 
+import jax
+import jax.numpy as jnp
 import pytest
 
-from experiments.dispatch_probe import parse_options, sync_phases, timeline
+from experiments.dispatch_probe import interleaved, parse_options, sync_phases, timeline
 from tests.test_trace_moba import _meta, _x
 
 
@@ -67,3 +70,17 @@ def test_parse_options_reads_ints_and_strings_and_names_a_bad_entry():
   assert parse_options("xla_gpu_enable_command_buffer=") == {"xla_gpu_enable_command_buffer": ""}
   with pytest.raises(ValueError, match="'oops' is not name=value"):
     parse_options("a=1;oops")
+
+
+def test_interleaved_times_every_call_each_round():
+  """Every call gets one synchronised median per round, summarised as median <= the range's
+  ends; a call that raises stops the comparison rather than dropping out of it."""
+  fns = {"add": (jax.jit(lambda x: x + 1), (jnp.ones(4),)),
+         "mul": (jax.jit(lambda x: x * 2), (jnp.ones(4),))}
+  out = interleaved(fns, rounds=3, reps=2)
+  assert set(out) == {"add", "mul"}
+  for row in out.values():
+    assert len(row["rounds_ms"]) == 3
+    assert 0 < row["min_ms"] <= row["median_ms"] <= row["max_ms"]
+  with pytest.raises(TypeError):
+    interleaved({"bad": (jax.jit(lambda x: x + 1), ())}, rounds=1, reps=1)
