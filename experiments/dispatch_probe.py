@@ -42,14 +42,17 @@ from pallas_kernels.moba.attention import BACKENDS, _moba_core, gate_and_layout 
 from sparsebalance_jax.balance.timing import time_call, time_pipelined  # noqa: E402
 
 
+def _step_loss(out, do):
+  """The sum of out * dO: its gradient in (q, k, v) is the forward+backward step."""
+  return jnp.sum(out.astype(jnp.float32) * do.astype(jnp.float32))
+
+
 def _attend(args):
-  """The point's attention (q, k, v, seg, budget) -> out, and its step's loss: the sum of
-  out * dO, whose gradient in (q, k, v) is the forward+backward step."""
+  """The point's attention (q, k, v, seg, budget) -> out, and its step's loss."""
   attend = lambda q, k, v, seg, budget: moba_attention(
       q, k, v, seg, budget, block_size=args.block, k_max=args.k, backend=args.backend,
       interpret=args.interpret)
-  loss = lambda q, k, v, do, seg, budget: jnp.sum(
-      attend(q, k, v, seg, budget).astype(jnp.float32) * do.astype(jnp.float32))
+  loss = lambda q, k, v, do, seg, budget: _step_loss(attend(q, k, v, seg, budget), do)
   return attend, loss
 
 
@@ -57,11 +60,11 @@ def calls(args):
   """{name: (jitted fn, operands)}: the calls whose dispatch is measured."""
   _, q, k, v, do, seg, budget = point_inputs(args)
   attend, loss = _attend(args)
-  gating = jax.jit(lambda q, k, seg, budget: step_gating(
+  gate_fn = jax.jit(lambda q, k, seg, budget: step_gating(
       q, k, seg, budget, block_size=args.block, k_max=args.k, bs=MobaBlockSizes(),
       interpret=args.interpret, backend=args.backend))
   return {"trivial": (jax.jit(lambda x: x + 1), (budget,)),
-          "gating": (gating, (q, k, seg, budget)),
+          "gating": (gate_fn, (q, k, seg, budget)),
           "forward": (jax.jit(attend), (q, k, v, seg, budget)),
           "step": (jax.jit(jax.grad(loss, argnums=(0, 1, 2))), (q, k, v, do, seg, budget))}
 
@@ -91,9 +94,8 @@ def compare_calls(args, option_sets: list[str]) -> dict:
       q, k, seg, budget, block_size=args.block, k_max=args.k, bs=bs, interpret=args.interpret,
       backend=args.backend))(q, k, seg, budget)
   ok = gating.check_budget(budget, k_max=args.k)
-  core_loss = lambda q, k, v, do, sel, layout: jnp.sum(_moba_core(
-      q, k, v, seg, ok, sel, layout, args.block, bs, args.interpret, args.backend
-  ).astype(jnp.float32) * do.astype(jnp.float32))
+  core_loss = lambda q, k, v, do, sel, layout: _step_loss(_moba_core(
+      q, k, v, seg, ok, sel, layout, args.block, bs, args.interpret, args.backend), do)
   out["kernels only"] = (jax.jit(jax.grad(core_loss, argnums=(0, 1, 2))),
                          (q, k, v, do, sel, layout))
   return out

@@ -18,8 +18,9 @@ import jax
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from experiments.bench_kernel import HEADS, add_point_args, point_inputs  # noqa: E402
-from pallas_kernels.moba import gating, kernels  # noqa: E402
+from experiments.bench_kernel import add_point_args, point_inputs  # noqa: E402
+from pallas_kernels.moba import kernels  # noqa: E402
+from pallas_kernels.moba.attention import gate_kernel_operands  # noqa: E402
 from sparsebalance_jax.balance.timing import time_pipelined  # noqa: E402
 
 
@@ -33,10 +34,7 @@ def main():
   p.add_argument("--out", required=True)
   args = p.parse_args()
   _, q, k, _, _, seg, _ = point_inputs(args)
-  hkv = HEADS[args.heads][1]
-  gkey, trail = gating.gate_keys(k, seg, block_size=args.block)
-  qh, ql = gating.split_bf16(gating.group_queries(q, hkv))
-  gh, gl = gating.split_bf16(gkey)
+  operands = (*gate_kernel_operands(q, k, seg, block_size=args.block), seg)
   rows, want = [], None
   for cfg in args.configs:
     tile, warps = (int(x) for x in cfg.split(","))
@@ -44,7 +42,6 @@ def main():
                  kernels.moba_gate_topk(qh, ql, gh, gl, trail, seg, block_size=args.block,
                                         num_picks=args.k - 1, interpret=False, tile=tile,
                                         num_warps=warps))
-    operands = (qh, ql, gh, gl, trail, seg)
     got = np.asarray(fn(*operands))
     want = got if want is None else want
     row = dict(tile=tile, num_warps=warps, picks_equal=bool(np.array_equal(got, want)),

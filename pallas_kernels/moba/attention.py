@@ -147,6 +147,15 @@ def _moba_bwd(block_size, bs, interpret, backend, res, do_BTHD):
 _moba_core.defvjp(_moba_fwd, _moba_bwd)
 
 
+def gate_kernel_operands(q_BTHD, k_BTKD, segment_ids_BT, *, block_size: int):
+  """kernels.moba_gate_topk's first five operands: the bf16 (hi, lo) parts of the group
+  queries and of the gate keys, and the blocks' trailing document ids."""
+  gkey_BNGD, trail_seg_BN = gating.gate_keys(k_BTKD, segment_ids_BT, block_size=block_size)
+  qh_BTGD, ql_BTGD = gating.split_bf16(gating.group_queries(q_BTHD, k_BTKD.shape[2]))
+  gh_BNGD, gl_BNGD = gating.split_bf16(gkey_BNGD)
+  return qh_BTGD, ql_BTGD, gh_BNGD, gl_BNGD, trail_seg_BN
+
+
 def _fused_gate(q_BTHD, k_BTKD, segment_ids_BT, budget_B, *, block_size, k_max, interpret
                 ) -> gating.MobaSelection:
   """gating.moba_gate's selection (no coverage) with scores and top-k in one kernel."""
@@ -155,12 +164,9 @@ def _fused_gate(q_BTHD, k_BTKD, segment_ids_BT, budget_B, *, block_size, k_max, 
   if k_max == 1:
     picks_BTGK = jnp.zeros((b, t, k_BTKD.shape[2], 0), jnp.int32)
   else:
-    gkey_BNGD, trail_seg_BN = gating.gate_keys(k_BTKD, segment_ids_BT, block_size=block_size)
-    qh_BTGD, ql_BTGD = gating.split_bf16(gating.group_queries(q_BTHD, k_BTKD.shape[2]))
-    gh_BNGD, gl_BNGD = gating.split_bf16(gkey_BNGD)
-    picks_BTGK = kernels.moba_gate_topk(qh_BTGD, ql_BTGD, gh_BNGD, gl_BNGD, trail_seg_BN,
-                                        segment_ids_BT, block_size=block_size,
-                                        num_picks=k_max - 1, interpret=interpret)
+    picks_BTGK = kernels.moba_gate_topk(
+        *gate_kernel_operands(q_BTHD, k_BTKD, segment_ids_BT, block_size=block_size),
+        segment_ids_BT, block_size=block_size, num_picks=k_max - 1, interpret=interpret)
   return gating.selection_from_picks(jnp.maximum(picks_BTGK, 0), picks_BTGK >= 0, segment_ids_BT,
                                      budget_B, block_size=block_size, num_blocks=n)
 
