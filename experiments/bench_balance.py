@@ -1,16 +1,19 @@
-"""One-device straggler benchmark: simulated data parallelism, MoBA + LBB vs +DST, +SAB, +SAB+DST.
+"""Straggler benchmark: MoBA + LBB vs +DST, +SAB, +SAB+DST, simulated or on a real mesh.
 
-    python -m experiments.bench_balance [--latency_table=DIR] [--out=DIR]
+    python -m experiments.bench_balance [--latency_table=DIR] [--out=DIR] [--data_parallel=mesh]
 
-Every shard's micro-batches run forward+backward on the one device and are timed; a step costs
-the slowest shard plus a modeled all-reduce (see `sparsebalance_jax.balance.simulate` for the
-exact rules). Model: the `gpu` preset of configs/longbench.py (Qwen2.5-0.5B shape) with
---layers layers; MoBA block --block_size, base budget --budget, compiled buckets --buckets;
-tuner anchor / p / coverage floor / EMA decay from the config's `balance` section. Documents:
-the config's text source with LongAlign-like and ChatQA2-like lengths scaled so the longest
-possible document (72K) fills one row of --seq_len tokens. Writes bench_balance.json (every
-step: per-shard predicted and measured times, budgets, coverage), bench_balance.png and
-bench_balance.md to --out, and prints the table last.
+--data_parallel=simulated (default): every shard's micro-batches run forward+backward on the
+one device and are timed; a step costs the slowest shard plus a modeled all-reduce (see
+`sparsebalance_jax.balance.simulate` for the exact rules). --data_parallel=mesh: one shard per
+device (--shards devices), each shard's compute timed by its device's clock and the step by the
+trainer's fused SPMD step with its real all-reduce (`sparsebalance_jax.balance.mesh_runner`);
+the same documents, batchers and tuner. Model: the `gpu` preset of configs/longbench.py
+(Qwen2.5-0.5B shape) with --layers layers; MoBA block --block_size, base budget --budget,
+compiled buckets --buckets; tuner anchor / p / coverage floor / EMA decay from the config's
+`balance` section. Documents: the config's text source with LongAlign-like and ChatQA2-like
+lengths scaled so the longest possible document (72K) fills one row of --seq_len tokens.
+Writes bench_balance.json (every step: per-shard predicted and measured times, budgets,
+coverage), bench_balance.png and bench_balance.md to --out, and prints the table last.
 
 On one H200 with a profiled latency table (profile ~2 min, benchmark ~5 min, both workloads):
     python -m experiments.profile_latency --config=configs/longbench.py:gpu \
@@ -19,6 +22,10 @@ On one H200 with a profiled latency table (profile ~2 min, benchmark ~5 min, bot
         --config.data.max_doc_len=16384 --lengths=256,512,1024,2048,4096,8192,16384 \
         --budgets=1,4,8,12,16,20,24 --repeats=3 --out_dir=$OUT/tables
     python -m experiments.bench_balance --latency_table=$OUT/tables --repeats=2
+
+On two H200s, real collectives (same settings, one shard per GPU):
+    python -m experiments.bench_balance --latency_table=$OUT/tables --repeats=2 --shards=2 \
+        --data_parallel=mesh
 
 Tiny CPU run (Pallas interpret mode, the `cpu` preset's model):
     python -m experiments.bench_balance --interpret --shards=2 --steps=2 --seq_len=256 \
@@ -35,7 +42,12 @@ import time
 from absl import app, flags
 
 _WORKLOADS = flags.DEFINE_list("workloads", ["longalign", "chatqa2"], "Length distributions.")
-_SHARDS = flags.DEFINE_integer("shards", 8, "Simulated data-parallel shards.")
+_SHARDS = flags.DEFINE_integer("shards", 8,
+                               "Data-parallel shards (devices, with --data_parallel=mesh).")
+_DATA_PARALLEL = flags.DEFINE_enum(
+    "data_parallel", "simulated", ["simulated", "mesh"],
+    "simulated: every shard in turn on one device, modeled all-reduce; mesh: one shard per "
+    "device, the trainer's step with its real all-reduce.")
 _STEPS = flags.DEFINE_integer("steps", 6, "Global batches of documents per workload.")
 _SEQ_LEN = flags.DEFINE_integer("seq_len", 16384, "Tokens per packed row.")
 _LAYERS = flags.DEFINE_integer("layers", 4, "Decoder layers (the preset's shape otherwise).")
@@ -69,7 +81,9 @@ def _config():
     raw = importlib.import_module("configs.longbench").get_config(
         "cpu" if _INTERPRET.value else "gpu")
     raw.model.num_layers = _LAYERS.value
-    raw.mesh.data = raw.mesh.fsdp = raw.mesh.tensor = 1  # One device runs every shard in turn.
+    # One device runs every shard in turn (simulated), or one shard per device (mesh).
+    raw.mesh.data = _SHARDS.value if _DATA_PARALLEL.value == "mesh" else 1
+    raw.mesh.fsdp = raw.mesh.tensor = 1
     raw.attention.implementation = _ATTENTION.value
     raw.balance.dst = _ATTENTION.value == "moba"  # The config allows DST on MoBA only.
     raw.attention.interpret = _INTERPRET.value
@@ -90,7 +104,7 @@ def main(argv):
     del argv
     import jax
 
-    from sparsebalance_jax.balance import latency, report, simulate
+    from sparsebalance_jax.balance import latency, mesh_runner, report, simulate
     from sparsebalance_jax.training.budgets import tuner_config
     from sparsebalance_jax.training.launch import data_spec
 
@@ -110,7 +124,8 @@ def main(argv):
     cost_model = latency.make_latency_model(kind, shape, table_dir=_TABLE.value,
                                             device_kind=device.device_kind)
     start = time.perf_counter()
-    runner = simulate.DeviceRunner(cfg, _SEED.value)
+    mesh = _DATA_PARALLEL.value == "mesh"
+    runner = (mesh_runner.MeshRunner if mesh else simulate.DeviceRunner)(cfg, _SEED.value)
     allreduce = simulate.allreduce_seconds(runner.param_bytes, setup.num_shards,
                                            setup.bus_bytes_per_s)
     settings = dict(
@@ -122,7 +137,12 @@ def main(argv):
         buckets=list(setup.tuner.buckets), anchor=b.anchor, p=b.p,
         coverage_floor=b.coverage_floor, ema_decay=b.ema_decay, dead_band=b.dead_band,
         raise_within_bucket=b.raise_within_bucket, repeats=setup.repeats,
-        timing="per micro-batch: 1 warm-up call, then the median of `repeats` blocking calls",
+        data_parallel=_DATA_PARALLEL.value,
+        devices=[str(d) for d in runner.mesh.devices.ravel()] if mesh else [str(device)],
+        timing=("per step: shards by each device's clock over the collective-free gradient "
+                "program, the step by the fused SPMD train step's blocking wall time; 1 warm-up "
+                "call, then the median of `repeats`" if mesh else
+                "per micro-batch: 1 warm-up call, then the median of `repeats` blocking calls"),
         coverage="moba_coverage on layer-0 q/k of the initial parameters",
         param_bytes=runner.param_bytes, bus_gbps=_BUS.value, allreduce_seconds=allreduce,
         length_scale=_SEQ_LEN.value / _LONGEST_UNSCALED, min_doc_len=_MIN_DOC.value,
@@ -139,19 +159,21 @@ def main(argv):
                                    text_weight=1.0, synthetic_weight=0.0, jsonl_weight=0.0)
         results[workload] = simulate.run_workload(spec, setup, runner, cost_model,
                                                   _BLOCK.value, log)
-    settings["compiles_total"] = runner.cache.compiles
+    settings["compiles_total"] = runner.compiles
     settings["wall_seconds"] = time.perf_counter() - start
     with open(os.path.join(out, "bench_balance.json"), "w") as f:
         json.dump({"settings": settings, "workloads": results}, f)
-    title = (f"{device.device_kind}: {_LAYERS.value}-layer {shape.key()}, {setup.num_shards} "
+    title = (f"{device.device_kind}, {'real data parallelism' if mesh else 'simulated'}: "
+             f"{_LAYERS.value}-layer {shape.key()}, {setup.num_shards} "
              f"shards x {setup.micro_batches} x {setup.rows_per_micro_batch} rows of "
              f"{setup.row_len}, budget {setup.base_budget}, {kind} latency model")
     report.write_png(os.path.join(out, "bench_balance.png"), results, title)
     table = report.markdown_table(results)
+    step_rule = ("step: the fused SPMD step's wall time (real all-reduce)" if mesh else
+                 f"all-reduce modeled: {1e3 * allreduce:.2f} ms/step at {_BUS.value:g} GB/s")
     with open(os.path.join(out, "bench_balance.md"), "w") as f:
-        f.write(f"{title}; all-reduce {1e3 * allreduce:.2f} ms/step at {_BUS.value:g} GB/s; "
-                f"{runner.cache.compiles} compiles in total.\n\n{table}\n")
-    log(f"wrote {out}/bench_balance.{{json,png,md}}; {runner.cache.compiles} compiles in total")
+        f.write(f"{title}; {step_rule}; {runner.compiles} compiles in total.\n\n{table}\n")
+    log(f"wrote {out}/bench_balance.{{json,png,md}}; {runner.compiles} compiles in total")
     print(title, flush=True)
     print(table, flush=True)
 

@@ -170,12 +170,32 @@ class DeviceRunner:
         self.cache = CompileCache(jitted, buckets)
         self._coverage = coverage_probe(cfg, model)
 
+    @property
+    def compiles(self) -> int:
+        return self.cache.compiles
+
     def time_micro_batch(self, bucket: int, mb: dict[str, jax.Array], repeats: int,
                          used: set) -> float:
         """Median seconds of one micro-batch's forward+backward, compiled for `bucket`."""
         compiled = self.cache.compiled(bucket, self.params, mb)
         used.add((bucket, tuple(mb["inputs"].shape)))
         return time_call(compiled, self.params, mb, warmup=1, repeats=repeats)
+
+    def measure_step(self, step_batch: dict[str, np.ndarray], budgets_S: np.ndarray,
+                     bucket: int, setup: BenchSetup, used: set) -> dict[str, Any]:
+        """One synchronous step, simulated: every (shard, micro-batch) timed in turn; the step
+        is the slowest shard plus the modeled all-reduce."""
+        S, M = setup.num_shards, setup.micro_batches
+        measured_SM = np.zeros((S, M))
+        for s in range(S):
+            for m in range(M):
+                mb = _micro_batch(step_batch, s, m, int(budgets_S[s]))
+                measured_SM[s, m] = self.time_micro_batch(bucket, mb, setup.repeats, used)
+        measured_S = measured_SM.sum(axis=1)
+        allreduce = allreduce_seconds(self.param_bytes, S, setup.bus_bytes_per_s)
+        return dict(measured_SM=measured_SM.tolist(), measured_S=measured_S.tolist(),
+                    step_seconds=float(measured_S.max() + allreduce),
+                    allreduce_seconds=allreduce)
 
     def shard_coverage(self, step_batch: dict[str, np.ndarray], budget: int) -> np.ndarray:
         """Coverage float64 [S] of every shard's rows at `budget` (token-weighted)."""
@@ -194,10 +214,9 @@ def run_method(method: Method, step_batches: list[dict[str, np.ndarray]], setup:
                runner: DeviceRunner, cost_model: LatencyModel,
                log: Callable[[str], None] = print) -> dict[str, Any]:
     """Run one row over its step batches; returns {"steps": [per-step records], "summary"}."""
-    S, M = setup.num_shards, setup.micro_batches
+    S = setup.num_shards
     config = dataclasses.replace(setup.tuner, enabled=method.dst)
     tuner = Tuner(config, S, ema_decay=setup.ema_decay)
-    allreduce = allreduce_seconds(runner.param_bytes, S, setup.bus_bytes_per_s)
     padded = setup.rows_per_micro_batch * setup.row_len
     used: set = set()
     records = []
@@ -223,18 +242,12 @@ def run_method(method: Method, step_batches: list[dict[str, np.ndarray]], setup:
         host_seconds = time.perf_counter() - start - coverage_seconds if method.dst else 0.0
         coverage_S = np.array([coverage(s, int(k)) for s, k in enumerate(decision.budgets_S)])
 
-        measured_SM = np.zeros((S, M))
-        for s in range(S):
-            for m in range(M):
-                mb = _micro_batch(batch, s, m, int(decision.budgets_S[s]))
-                measured_SM[s, m] = runner.time_micro_batch(decision.bucket, mb, setup.repeats,
-                                                            used)
-        measured_S = measured_SM.sum(axis=1)
+        timing = runner.measure_step(batch, decision.budgets_S, decision.bucket, setup, used)
+        measured_S = np.asarray(timing["measured_S"])
         predicted_uncorrected_S = seconds_SK[np.arange(S), decision.budgets_S]
         tuner.observe(measured_S, predicted_uncorrected_S)
         record = dict(
-            step=t, bucket=decision.bucket, budgets_S=decision.budgets_S.tolist(),
-            measured_SM=measured_SM.tolist(), measured_S=measured_S.tolist(),
+            step=t, bucket=decision.bucket, budgets_S=decision.budgets_S.tolist(), **timing,
             predicted_before_S=decision.predicted_before_S.tolist(),
             predicted_after_S=decision.predicted_after_S.tolist(),
             predicted_uncorrected_S=predicted_uncorrected_S.tolist(),
@@ -242,7 +255,6 @@ def run_method(method: Method, step_batches: list[dict[str, np.ndarray]], setup:
             coverage_S=coverage_S.tolist(),
             tokens_S=(batch["segment_ids"] != 0).reshape(S, -1).sum(-1).tolist(),
             imbalance=float(measured_S.max() / measured_S.mean()),
-            step_seconds=float(measured_S.max() + allreduce), allreduce_seconds=allreduce,
             tuner_seconds=host_seconds, coverage_seconds=coverage_seconds,
             doc_ids=sorted(int(i) for i in batch["doc_ids"].ravel() if i >= 0))
         records.append(record)

@@ -205,27 +205,40 @@ class ShardTimedStep:
     def compiles(self) -> int:
         return self.local.compiles
 
+    def _run_local(self, bucket: int, params, batch):
+        """Program 1 dispatched: (loss_S, count_S, grads_S, seconds), where `seconds()` reads
+        each shard's compute seconds [S] (None when this call compiled the program)."""
+        compiles = self.local.compiles
+        local = self.local.compiled(bucket, params, batch)  # compiling is not timed
+        if self.local.compiles > compiles:
+            return (*local(params, batch)[:3], lambda: None)
+        start = time.perf_counter()
+        if self.device_clock:
+            loss_S, count_S, grads_S, clock_S2L = local(params, batch)
+
+            def seconds():
+                clock = np.asarray(clock_S2L)
+                # The host's wall time from dispatch bounds each device's: it resolves the
+                # clock's 2^32 ns wrap for shard programs longer than 4.3 s.
+                return device_clock.elapsed_seconds(
+                    clock[:, 0], clock[:, 1], at_most_seconds=time.perf_counter() - start)
+            return loss_S, count_S, grads_S, seconds
+        loss_S, count_S, grads_S = local(params, batch)
+        host = np.asarray(_ready_seconds([loss_S, count_S, *jax.tree.leaves(grads_S)], start))
+        return loss_S, count_S, grads_S, lambda: host
+
     def __call__(self, bucket: int, state, batch):
         with mesh_context(self._mesh):
-            compiles = self.local.compiles
-            local = self.local.compiled(bucket, state.params, batch)  # compiling is not timed
-            start = time.perf_counter()
-            if self.device_clock:
-                loss_S, count_S, grads_S, clock_S2L = local(state.params, batch)
-            else:
-                loss_S, count_S, grads_S = local(state.params, batch)
-                host_seconds = _ready_seconds([loss_S, count_S, *jax.tree.leaves(grads_S)],
-                                              start)
+            loss_S, count_S, grads_S, seconds = self._run_local(bucket, state.params, batch)
             state, metrics = self._update(state, loss_S, count_S, grads_S)
-        if self.local.compiles > compiles:
-            return state, metrics, None
-        if self.device_clock:
-            clock_S2L = np.asarray(clock_S2L)
-            # The host's wall time from dispatch bounds each device's: it resolves the clock's
-            # 2^32 ns wrap for shard programs longer than 4.3 s.
-            return state, metrics, device_clock.elapsed_seconds(
-                clock_S2L[:, 0], clock_S2L[:, 1], at_most_seconds=time.perf_counter() - start)
-        return state, metrics, np.asarray(host_seconds)
+        return state, metrics, seconds()
+
+    def time_shards(self, bucket: int, params, batch) -> np.ndarray | None:
+        """Program 1 alone (the gradients are computed and dropped): each shard's compute
+        seconds [S], None when this call compiled the program."""
+        with mesh_context(self._mesh):
+            *_, seconds = self._run_local(bucket, params, batch)
+        return seconds()
 
 
 def to_step_layout(step_batch: dict) -> dict:
