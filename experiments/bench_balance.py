@@ -44,6 +44,8 @@ from absl import app, flags
 _WORKLOADS = flags.DEFINE_list("workloads", ["longalign", "chatqa2"], "Length distributions.")
 _SHARDS = flags.DEFINE_integer("shards", 8,
                                "Data-parallel shards (devices, with --data_parallel=mesh).")
+_DEVICES = flags.DEFINE_list("devices", None, "With --data_parallel=mesh: device ids in shard "
+                             "order (default: the first --shards devices).")
 _DATA_PARALLEL = flags.DEFINE_enum(
     "data_parallel", "simulated", ["simulated", "mesh"],
     "simulated: every shard in turn on one device, modeled all-reduce; mesh: one shard per "
@@ -125,7 +127,17 @@ def main(argv):
                                             device_kind=device.device_kind)
     start = time.perf_counter()
     mesh = _DATA_PARALLEL.value == "mesh"
-    runner = (mesh_runner.MeshRunner if mesh else simulate.DeviceRunner)(cfg, _SEED.value)
+    if mesh:
+        by_id = {d.id: d for d in jax.devices()}
+        ids = [int(i) for i in _DEVICES.value] if _DEVICES.value else None
+        if ids is not None and not set(ids) <= set(by_id):
+            raise ValueError(f"--devices={_DEVICES.value}: device ids are {sorted(by_id)}")
+        runner = mesh_runner.MeshRunner(cfg, _SEED.value,
+                                        None if ids is None else [by_id[i] for i in ids])
+    elif _DEVICES.value:
+        raise ValueError("--devices needs --data_parallel=mesh (the simulation uses one device)")
+    else:
+        runner = simulate.DeviceRunner(cfg, _SEED.value)
     allreduce = simulate.allreduce_seconds(runner.param_bytes, setup.num_shards,
                                            setup.bus_bytes_per_s)
     settings = dict(

@@ -46,17 +46,18 @@ class MeshRunner:
     docstring for what `measure_step` reads. `compiles` counts every real compile (both
     programs of every bucket)."""
 
-    def __init__(self, cfg: Config, seed: int):
+    def __init__(self, cfg: Config, seed: int, devices: list | None = None):
+        """`devices`: the mesh's devices in shard order (default: the first `cfg.mesh.data`)."""
         m = cfg.mesh
         if m.fsdp * m.tensor != 1:
             raise ValueError(f"mesh: the benchmark times one shard per device and needs a "
                              f"data-only mesh, got data {m.data} x fsdp {m.fsdp} x tensor "
                              f"{m.tensor}")
-        devices = jax.devices()
-        if m.data > len(devices):
-            raise ValueError(f"mesh.data={m.data} shards need as many devices; "
-                             f"{len(devices)} available")
-        self.mesh = make_mesh(m, devices[:m.data])
+        devices = jax.devices()[:m.data] if devices is None else list(devices)
+        if len(devices) != m.data:
+            raise ValueError(f"mesh.data={m.data} shards need as many devices; got "
+                             f"{len(devices)} ({jax.device_count()} available)")
+        self.mesh = make_mesh(m, devices)
         buckets = cfg.attention.budget_buckets
         model = Transformer(cfg.model, cfg.attention, buckets[-1])
         self.state, shardings = create_train_state(cfg, self.mesh, model, jax.random.key(seed))
