@@ -119,6 +119,8 @@ def test_mesh_rows_time_each_shard_on_its_own_device(mesh_bench):
         np.testing.assert_allclose(measured_S, np.median(runs_RS, axis=0))
         assert record["modeled_step_seconds"] == pytest.approx(measured_S.max() + allreduce)
         assert len(record["step_runs"]) == 2 and min(record["step_runs"]) > 0
+        # Every call starts from the initial state: the same batch gives the same loss.
+        assert len(set(record["step_losses"])) == 1, record["step_losses"]
         return np.median(record["step_runs"])
 
     _check_rows(results, step_of)

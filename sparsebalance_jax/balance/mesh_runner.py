@@ -12,9 +12,12 @@ measure each step. Here a step runs as the trainer runs it, over a data-only mes
   `repeats` calls, per shard. The gradients are dropped.
 - The step's time: the trainer's fused step (`training.step.FusedStep`: one SPMD program per
   budget bucket, gradients all-reduced inside it, optimizer update), wall time of a blocking
-  call (the loss read back), one warm-up call, then the median of `repeats`. The state is
-  really updated by every call, so parameters move during the benchmark; the measured times do
-  not depend on parameter values (budgets, not gate scores, set a shard's work).
+  call (the loss read back), one warm-up call, then the median of `repeats`.
+- Parameters: every call starts from the initial train state (the fused step gets a fresh copy,
+  which it donates), as the simulation's micro-batches do. Carried from step to step, the
+  updates would change the gate's selections, and with them how the MoBA kernels' work spreads
+  over the key blocks: a first two-GPU run that carried the state saw shard times drift up
+  over the run where the simulation's stayed flat, which would confound rows run later.
 - `modeled_step_seconds`: the slowest shard plus the modeled ring all-reduce at the benchmark's
   bus bandwidth, what the one-device simulation would call this step: the gap between it and
   `step_seconds` is what the simulation leaves out (the all-reduce's real cost and overlap, the
@@ -60,9 +63,10 @@ class MeshRunner:
         self.mesh = make_mesh(m, devices)
         buckets = cfg.attention.budget_buckets
         model = Transformer(cfg.model, cfg.attention, buckets[-1])
-        self.state, shardings = create_train_state(cfg, self.mesh, model, jax.random.key(seed))
-        # The fused step donates the state; the coverage probe keeps the initial parameters.
-        self.params = jax.tree.map(lambda x: x.copy(), self.state.params)
+        # Never donated: the fused step runs on copies of it.
+        self.initial_state, shardings = create_train_state(cfg, self.mesh, model,
+                                                           jax.random.key(seed))
+        self.params = self.initial_state.params
         self.param_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(self.params))
         self._timed = ShardTimedStep(cfg.model, cfg.attention, self.mesh, shardings, buckets)
         self._fused = FusedStep(cfg.model, cfg.attention, self.mesh, shardings, buckets)
@@ -88,19 +92,21 @@ class MeshRunner:
         timed_batch = global_batch(self._timed.batch_shardings, self._timed.layout(step_batch))
         shard_runs = []
         for call in range(1 + setup.repeats):
-            seconds_S = self._timed.time_shards(bucket, self.state.params, timed_batch)
+            seconds_S = self._timed.time_shards(bucket, self.params, timed_batch)
             if call > 0:
                 if seconds_S is None:
                     raise AssertionError("the shard program compiled after its warm-up call")
                 shard_runs.append(seconds_S)
         fused_batch = global_batch(self._fused.batch_shardings, self._fused.layout(step_batch))
-        step_runs = []
+        step_runs, losses = [], []
         for call in range(1 + setup.repeats):
+            state = jax.block_until_ready(jax.tree.map(lambda x: x.copy(), self.initial_state))
             start = time.perf_counter()
-            self.state, metrics, _ = self._fused(bucket, self.state, fused_batch)
+            _, metrics, _ = self._fused(bucket, state, fused_batch)
             loss = float(metrics["loss"])
             if call > 0:
                 step_runs.append(time.perf_counter() - start)
+            losses.append(loss)
             if not np.isfinite(loss):
                 raise FloatingPointError(f"loss {loss} in the benchmark's training step")
         measured_S = np.median(np.asarray(shard_runs), axis=0)
@@ -108,5 +114,6 @@ class MeshRunner:
         return dict(measured_S=measured_S.tolist(),
                     shard_runs_RS=np.asarray(shard_runs).tolist(),
                     step_seconds=float(np.median(step_runs)), step_runs=step_runs,
+                    step_losses=losses,
                     modeled_step_seconds=float(measured_S.max() + allreduce),
                     allreduce_seconds=allreduce)
