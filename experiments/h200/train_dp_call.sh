@@ -12,7 +12,8 @@ for arm in dst nodst; do
   dst=$([ $arm = dst ] && echo True || echo False)
   timeout "${LIMIT:-200}" python3 -m experiments.train --config=configs/longbench.py \
       --config.train.num_steps=$STEPS --config.train.workdir=/tmp/run_$arm \
-      --config.balance.shard_timing=True --config.balance.dst=$dst "$@" \
+      --config.optimizer.warmup_steps=$((STEPS / 5)) --config.balance.shard_timing=True \
+      --config.balance.dst=$dst "$@" \
       > "$OUT/train_$arm.log" 2>&1
   echo "$arm: exit $?"
   cp /tmp/run_$arm/metrics.jsonl "$OUT/metrics_$arm.jsonl" 2>/dev/null
