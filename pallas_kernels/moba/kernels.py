@@ -553,3 +553,52 @@ def moba_dkv(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_id
   )(layout.block_chunks_BGN2, skip_BN, layout.chunk_full_BGC, layout.row_src_BGL,
     layout.row_seg_BGL, layout.row_pos_BGL, q_BSD, do_BSD, lse_BS, delta_BS, k_BTKD, v_BTKD,
     segment_ids_BT.astype(jnp.int32))
+
+
+def _dq_from_ds_kernel(ids_ref, num_ref, blk_ref, steps_ref, ds_ref, k_ref, dq_ref, *,
+                       items_per_group, num_groups, block_size, tile, sm_scale):
+  """One work item: its rows' dq = sm_scale * sum over its key steps of dS^T[tile] K[tile]."""
+  p = pl.program_id(0)
+  rows, d = dq_ref.shape[2] // items_per_group, dq_ref.shape[-1]
+
+  @pl.when(p < num_ref[0])
+  def _():
+    flat = ids_ref[p]
+    i = lax.rem(flat, items_per_group)
+    bg = lax.div(flat, items_per_group)
+    b, g = lax.div(bg, num_groups), lax.rem(bg, num_groups)
+    base = blk_ref[flat] * block_size
+    mine = pl.ds(i * rows, rows)
+
+    def step(m, acc):
+      ds_KR = ds_ref[b, g, pl.ds(m * tile, tile), mine]
+      k_KD = k_ref[b, pl.ds(base + m * tile, tile), g, :]
+      return acc + plgpu.dot(ds_KR, k_KD, trans_a=True)
+
+    acc = lax.fori_loop(0, steps_ref[flat], step, jnp.zeros((rows, d), jnp.float32))
+    dq_ref[b, g, mine, :] = (acc * sm_scale).astype(dq_ref.dtype)
+
+
+def dq_from_ds(ds_BGKL, k_BTKD, ids, num, blk, steps, *, block_size: int, item_rows: int,
+               tile: int, interpret: bool, num_warps: int = 4, num_stages: int = 3):
+  """Partial dq [B, G, L, D] in k's dtype per sorted row, from dS stored by the dk/dv kernel:
+  ds_BGKL [B, G, block_size, L] holds, for each sorted row, its dS against every key of the
+  block its run reads (unscaled; only the key tiles a row's work item attends need be
+  written). Work items are runs of item_rows sorted rows (ids: their flat ids
+  (b * G + g) * I + i, the used ones first, num of them; per flat id its block and its key
+  steps of `tile` keys), one program each; rows of unused items are not written."""
+  b, g, bs_, l = ds_BGKL.shape
+  d = k_BTKD.shape[-1]
+  if bs_ != block_size or l % item_rows or block_size % tile:
+    raise ValueError(f"ds_BGKL {ds_BGKL.shape}: need [B, G, block_size={block_size}, L] with "
+                     f"L % {item_rows} == 0 and block_size % tile={tile} == 0")
+  kernel = functools.partial(_dq_from_ds_kernel, items_per_group=l // item_rows, num_groups=g,
+                             block_size=block_size, tile=tile, sm_scale=1.0 / math.sqrt(d))
+  return pl.pallas_call(
+      kernel,
+      grid=(ids.shape[0],),
+      out_shape=jax.ShapeDtypeStruct((b, g, l, d), k_BTKD.dtype),
+      compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+      interpret=interpret,
+      name="moba_dq_from_ds",
+  )(ids, num, blk, steps, ds_BGKL, k_BTKD)
