@@ -18,12 +18,23 @@ from jax.experimental.pallas import triton as plgpu_triton
 from sparsebalance_jax.balance.timing import time_call, time_pipelined
 
 
-def mosaic_add_one(x):
+def mosaic_add_one(x, interpret=False):
   def body(x_ref, o_ref):
-    o_ref[...] = x_ref[...] + 1.0
+    def scoped(x_smem, o_smem, bar):
+      plgpu_mgpu.copy_gmem_to_smem(x_ref, x_smem, bar)
+      plgpu_mgpu.barrier_wait(bar)
+      o_smem[...] = x_smem[...] + 1.0
+      plgpu_mgpu.commit_smem()
+      plgpu_mgpu.copy_smem_to_gmem(o_smem, o_ref)
+      plgpu_mgpu.wait_smem_to_gmem(0)
 
-  return pl.pallas_call(body, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
-                        compiler_params=plgpu_mgpu.CompilerParams())(x)
+    pl.run_scoped(scoped, plgpu_mgpu.SMEM(x.shape, x.dtype), plgpu_mgpu.SMEM(x.shape, x.dtype),
+                  plgpu_mgpu.Barrier(), collective_axes="wg")
+
+  return plgpu_mgpu.kernel(
+      body, out_type=jax.ShapeDtypeStruct(x.shape, x.dtype), grid=(1,), grid_names=("cta",),
+      num_threads=1, thread_name="wg",
+      interpret=plgpu_mgpu.InterpretGPUParams() if interpret else False)(x)
 
 
 def triton_add_one(x):
