@@ -20,10 +20,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BASE, BUCKETS, P = 4, (4, 6), 0.3  # P: configs/longbench.py balance.p
 
 
-def _run(out, workloads, xla_flags, *extra):
+def _run(out, workloads, xla_flags, *extra, repeats=1):
     cmd = [sys.executable, "-m", "experiments.bench_balance", "--interpret", "--shards=2",
            "--steps=2", "--seq_len=256", "--block_size=32", f"--budget={BASE}",
-           "--buckets=" + ",".join(map(str, BUCKETS)), "--layers=1", "--repeats=2",
+           "--buckets=" + ",".join(map(str, BUCKETS)), "--layers=1", f"--repeats={repeats}",
            "--min_doc_len=16", f"--out={out}", f"--workloads={workloads}", *extra]
     env = dict(os.environ, XLA_FLAGS=xla_flags)
     done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
@@ -41,7 +41,7 @@ def bench(tmp_path_factory):
 @pytest.fixture(scope="module")
 def mesh_bench(tmp_path_factory):
     return _run(tmp_path_factory.mktemp("bench_balance_mesh"), "chatqa2",
-                "--xla_force_host_platform_device_count=2", "--data_parallel=mesh")
+                "--xla_force_host_platform_device_count=2", "--data_parallel=mesh", repeats=2)
 
 
 def test_outputs_exist_and_the_table_is_printed_last(bench):

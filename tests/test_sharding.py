@@ -1,5 +1,7 @@
 """Sharded == unsharded on 8 host devices, and per-shard budgets reach their own rows."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -9,7 +11,8 @@ from sparsebalance_jax.config import MeshConfig
 from sparsebalance_jax.model import Transformer, attention_op
 from sparsebalance_jax.sharding import make_mesh
 from sparsebalance_jax.training.state import create_train_state
-from sparsebalance_jax.training.step import batch_shardings, compile_train_step
+from sparsebalance_jax.training.step import (batch_shardings, compile_train_step,
+                                             jit_train_step, mesh_context)
 from tests.test_model import packed_inputs, tiny_config
 
 # float32 compute; only the order of reductions differs between meshes.
@@ -53,6 +56,42 @@ def test_loss_and_update_agree_across_meshes():
         np.testing.assert_allclose(norm, ref_norm, **F32, err_msg=str(mesh_shape))
         jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, **F32, err_msg=str(mesh_shape)),
                      update, ref_update)
+
+
+def _while_bodies_and_all_reduces(hlo: str):
+    """(names of while-loop body computations, {computation: number of all-reduce ops})."""
+    bodies = set(re.findall(r"\bwhile\(.*?body=%?([\w.\-]+)", hlo))
+    counts = {}
+    for block in re.split(r"\n(?=\S)", hlo):
+        name = re.match(r"(?:ENTRY\s+)?%?([\w.\-]+)", block)
+        n = len(re.findall(r"\sall-reduce(?:-start)?\(", block))
+        if name and n:
+            counts[name.group(1)] = n
+    return bodies, counts
+
+
+def test_data_parallel_step_all_reduces_once_after_the_micro_batches(mesh_shape=(2, 1, 1)):
+    """On a data-only mesh the gradients are summed over the micro-batches on each device and
+    all-reduced once, not inside the micro-batch loop (what SPMD partitioning alone does)."""
+    data, fsdp, tensor = mesh_shape
+    cfg = tiny_config()
+    cfg = cfg.__class__(**{**cfg.__dict__, "mesh": MeshConfig(data, fsdp, tensor)})
+    mesh = make_mesh(cfg.mesh, jax.devices()[:data])
+    model = Transformer(cfg.model, cfg.attention, cfg.k_max)
+    state, shardings = create_train_state(cfg, mesh, model, jax.random.key(0))
+    placed = jax.device_put(_batch(np.random.default_rng(), rows=data), batch_shardings(mesh))
+    with mesh_context(mesh):
+        hlo = jit_train_step(cfg.model, cfg.attention, shardings, mesh).lower(
+            state, placed, k_max=cfg.k_max).compile().as_text()
+    bodies, counts = _while_bodies_and_all_reduces(hlo)
+    assert bodies, "the micro-batch loop is gone from the program"
+    assert counts and not bodies & set(counts), (bodies, counts)
+    # Unpartitioned SPMD (no mesh given) does put them in the loop: the check can fail.
+    with mesh_context(mesh):
+        spmd = jit_train_step(cfg.model, cfg.attention, shardings).lower(
+            state, placed, k_max=cfg.k_max).compile().as_text()
+    bodies, counts = _while_bodies_and_all_reduces(spmd)
+    assert bodies & set(counts)
 
 
 def test_mesh_that_does_not_match_devices_fails():

@@ -70,8 +70,36 @@ def loss_and_grads(model: Transformer, params, batch):
     return loss_sum, count, grads
 
 
-def train_step(state, batch, *, model: Transformer):
-    loss_sum, count, grads = loss_and_grads(model, state.params, batch)
+def data_parallel(mesh: Mesh | None) -> bool:
+    """Whether `mesh` splits only the batch (several devices, fsdp = tensor = 1)."""
+    return (mesh is not None and mesh.size > 1
+            and mesh.shape["fsdp"] * mesh.shape["tensor"] == 1)
+
+
+def _data_parallel_grads(model: Transformer, mesh: Mesh, params, batch):
+    """loss_and_grads on a data-only mesh (step layout [M, B, T]): each device sums its own
+    rows' loss, token count and gradients over the micro-batches with no collective, then one
+    psum. Under plain SPMD partitioning XLA all-reduces the gradients inside the micro-batch
+    loop instead, once per micro-batch (the loop carries them replicated): M times the
+    traffic, and 2.9% slower a step on two H200s with the GPU preset (BENCHMARKS.md)."""
+
+    def local(params, batch):
+        # Every mesh axis is manual here: no logical constraints left to apply.
+        with nn.logical_axis_rules(()):
+            return lax.psum(loss_and_grads(model, params, batch), BATCH_AXES)
+
+    rows = {k: P(None, BATCH_AXES) for k in BATCH_KEYS}
+    return jax.shard_map(local, mesh=mesh, in_specs=(P(), rows), out_specs=P(),
+                         check_vma=False)(params, {k: batch[k] for k in BATCH_KEYS})
+
+
+def train_step(state, batch, *, model: Transformer, mesh: Mesh | None = None):
+    """One update from a step batch (step layout); on a data-only `mesh`, with one gradient
+    all-reduce per step (_data_parallel_grads)."""
+    if data_parallel(mesh):
+        loss_sum, count, grads = _data_parallel_grads(model, mesh, state.params, batch)
+    else:
+        loss_sum, count, grads = loss_and_grads(model, state.params, batch)
     return apply_summed_grads(state, loss_sum, count, grads)
 
 
@@ -98,14 +126,16 @@ def mesh_context(mesh: Mesh):
     return stack
 
 
-def jit_train_step(model_cfg, attention_cfg, state_shardings):
+def jit_train_step(model_cfg, attention_cfg, state_shardings, mesh: Mesh | None = None):
     """The jitted step with the state donated; `k_max`, the budget bucket, is its one static
     argument (one compiled program per bucket). Inputs arrive placed: the state as
     `create_train_state` made it, the batch with `batch_shardings(mesh)` (jax.jit takes no
-    in_shardings with a keyword argument); outputs keep the state's shardings."""
+    in_shardings with a keyword argument); outputs keep the state's shardings. `mesh`: the
+    mesh the step runs on (train_step's data-only path needs it)."""
 
     def step(state, batch, *, k_max: int):
-        return train_step(state, batch, model=Transformer(model_cfg, attention_cfg, k_max))
+        return train_step(state, batch, model=Transformer(model_cfg, attention_cfg, k_max),
+                          mesh=mesh)
 
     return jax.jit(step, out_shardings=(state_shardings, None), donate_argnames="state",
                    static_argnames="k_max")
@@ -113,7 +143,7 @@ def jit_train_step(model_cfg, attention_cfg, state_shardings):
 
 def compile_train_step(model: Transformer, mesh: Mesh, state_shardings):
     """`run(state, batch)` for one fixed model (its k_max), traced under the mesh."""
-    jitted = jit_train_step(model.model, model.attention, state_shardings)
+    jitted = jit_train_step(model.model, model.attention, state_shardings, mesh)
 
     def run(state, batch):
         with mesh_context(mesh):
@@ -258,8 +288,8 @@ class FusedStep:
 
     def __init__(self, model_cfg, attention_cfg, mesh: Mesh, state_shardings, buckets):
         self._mesh = mesh
-        self._cache = CompileCache(jit_train_step(model_cfg, attention_cfg, state_shardings),
-                                   buckets)
+        self._cache = CompileCache(
+            jit_train_step(model_cfg, attention_cfg, state_shardings, mesh), buckets)
         self.batch_shardings = batch_shardings(mesh)
 
     layout = staticmethod(to_step_layout)
