@@ -3,6 +3,9 @@
 A step batch holds `[M, B, T]` arrays (micro-batches, global rows, tokens) and per-row budgets
 `[M, B]`; rows are split over data x fsdp, so shard s owns rows [s*R, (s+1)*R). The loss is the
 mean over every trained token of the whole step, so any mesh gives the same loss and gradients.
+On a data-only mesh each device sums its own gradients over the micro-batches and they are
+all-reduced once per step (`_data_parallel_grads`); on other meshes XLA's SPMD partitioning
+places the collectives.
 
 The shard-timed step (`ShardTimedStep`) is the same update in two programs, so that each data
 shard's own compute can be timed: under one SPMD program every device waits at the gradient
@@ -21,9 +24,9 @@ shard's time is read:
 
 Program 2 sums the shards' gradients (the all-reduce) and applies the update. It needs a
 data-only mesh (fsdp = tensor = 1): with parameters or heads split, a shard's work is not one
-device's. The cost: the all-reduce no
-longer overlaps the last backward layers, and one un-reduced gradient per device is held
-between the programs (the fused step holds it too, inside its program).
+device's. The cost: one un-reduced gradient per device is held between the programs (the
+one-program step holds it too, inside its program), and a second dispatch; on two H200s the
+two steps took the same time (BENCHMARKS.md).
 """
 
 from __future__ import annotations
