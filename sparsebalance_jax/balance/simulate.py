@@ -33,6 +33,8 @@ What is measured (DESIGN.md, "Definitions used in every measurement"):
   (initial) parameters, per row, averaged over a shard's rows weighted by their non-padding
   tokens (`training.launch.coverage_probe`, the train loop's own probe). Computed only at the
   budgets the tuner asks about and at the chosen ones.
+- The same rows on real devices, one shard per device: `balance.mesh_runner.MeshRunner` in
+  place of `DeviceRunner` (`bench_balance.py --data_parallel=mesh`).
 - Compiles: one `CompileCache` (one compiled step per budget bucket and shape) is shared by
   every row and workload; a row's `compiles` is the number of distinct compiled steps it ran,
   each of which was a real compile (counted by the cache) when first needed.
@@ -211,9 +213,11 @@ def _micro_batch(step_batch: dict[str, np.ndarray], s: int, m: int,
 
 
 def run_method(method: Method, step_batches: list[dict[str, np.ndarray]], setup: BenchSetup,
-               runner: DeviceRunner, cost_model: LatencyModel,
+               runner, cost_model: LatencyModel,
                log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Run one row over its step batches; returns {"steps": [per-step records], "summary"}."""
+    """Run one row over its step batches; returns {"steps": [per-step records], "summary"}.
+    `runner` measures each step: a DeviceRunner (simulated), or a mesh_runner.MeshRunner (one
+    shard per device)."""
     S = setup.num_shards
     config = dataclasses.replace(setup.tuner, enabled=method.dst)
     tuner = Tuner(config, S, ema_decay=setup.ema_decay)
@@ -297,7 +301,7 @@ def _summarize(records: list[dict], compiles: int, config: TunerConfig) -> dict[
         documents=len(doc_ids), distinct_documents=len(set(doc_ids)))
 
 
-def run_workload(spec: DataSpec, setup: BenchSetup, runner: DeviceRunner,
+def run_workload(spec: DataSpec, setup: BenchSetup, runner,
                  cost_model: LatencyModel, block_size: int,
                  log: Callable[[str], None] = print) -> dict[str, Any]:
     """All rows of `METHODS` on one document stream; speedups relative to the baseline."""
