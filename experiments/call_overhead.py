@@ -37,12 +37,13 @@ def mosaic_add_one(x, interpret=False):
       interpret=plgpu_mgpu.InterpretGPUParams() if interpret else False)(x)
 
 
-def triton_add_one(x):
+def triton_add_one(x, interpret=False):
   def body(x_ref, o_ref):
     o_ref[...] = x_ref[...] + 1.0
 
   return pl.pallas_call(body, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
-                        compiler_params=plgpu_triton.CompilerParams(num_warps=4))(x)
+                        compiler_params=plgpu_triton.CompilerParams(num_warps=4),
+                        interpret=interpret)(x)
 
 
 def xla_add_one(x):
