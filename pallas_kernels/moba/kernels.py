@@ -553,4 +553,3 @@ def moba_dkv(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_id
   )(layout.block_chunks_BGN2, skip_BN, layout.chunk_full_BGC, layout.row_src_BGL,
     layout.row_seg_BGL, layout.row_pos_BGL, q_BSD, do_BSD, lse_BS, delta_BS, k_BTKD, v_BTKD,
     segment_ids_BT.astype(jnp.int32))
-
