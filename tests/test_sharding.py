@@ -31,13 +31,19 @@ def _batch(rng, micro_batches=2, rows=8, seq_len=64):
                 budgets=rng.integers(1, 5, (micro_batches, rows)).astype(np.int32))
 
 
-def _one_step(cfg, mesh_shape, batch):
+def _on_mesh(cfg, mesh_shape):
+    """cfg on a data x fsdp x tensor mesh of the first devices: (cfg, mesh, model, initial
+    state, its shardings)."""
     data, fsdp, tensor = mesh_shape
-    devices = jax.devices()[:data * fsdp * tensor]
-    mesh = make_mesh(MeshConfig(data, fsdp, tensor), devices)
+    mesh = make_mesh(MeshConfig(data, fsdp, tensor), jax.devices()[:data * fsdp * tensor])
     cfg = cfg.__class__(**{**cfg.__dict__, "mesh": MeshConfig(data, fsdp, tensor)})
     model = Transformer(cfg.model, cfg.attention, cfg.k_max)
     state, shardings = create_train_state(cfg, mesh, model, jax.random.key(0))
+    return cfg, mesh, model, state, shardings
+
+
+def _one_step(cfg, mesh_shape, batch):
+    _, mesh, model, state, shardings = _on_mesh(cfg, mesh_shape)
     params0 = jax.tree.map(np.asarray, state.params)
     step = compile_train_step(model, mesh, shardings)
     placed = jax.device_put(batch, batch_shardings(mesh))
@@ -70,16 +76,11 @@ def _while_bodies_and_all_reduces(hlo: str):
     return bodies, counts
 
 
-def test_data_parallel_step_all_reduces_once_after_the_micro_batches(mesh_shape=(2, 1, 1)):
+def test_data_parallel_step_all_reduces_once_after_the_micro_batches():
     """On a data-only mesh the gradients are summed over the micro-batches on each device and
     all-reduced once, not inside the micro-batch loop (what SPMD partitioning alone does)."""
-    data, fsdp, tensor = mesh_shape
-    cfg = tiny_config()
-    cfg = cfg.__class__(**{**cfg.__dict__, "mesh": MeshConfig(data, fsdp, tensor)})
-    mesh = make_mesh(cfg.mesh, jax.devices()[:data])
-    model = Transformer(cfg.model, cfg.attention, cfg.k_max)
-    state, shardings = create_train_state(cfg, mesh, model, jax.random.key(0))
-    placed = jax.device_put(_batch(np.random.default_rng(), rows=data), batch_shardings(mesh))
+    cfg, mesh, _, state, shardings = _on_mesh(tiny_config(), (2, 1, 1))
+    placed = jax.device_put(_batch(np.random.default_rng(), rows=2), batch_shardings(mesh))
     with mesh_context(mesh):
         hlo = jit_train_step(cfg.model, cfg.attention, shardings, mesh).lower(
             state, placed, k_max=cfg.k_max).compile().as_text()

@@ -73,6 +73,13 @@ def loss_and_grads(model: Transformer, params, batch):
     return loss_sum, count, grads
 
 
+def _manual_loss_and_grads(model: Transformer, params, batch):
+    """loss_and_grads inside shard_map, where every mesh axis is manual: the model's logical
+    sharding constraints have nothing left to constrain, hence no rules."""
+    with nn.logical_axis_rules(()):
+        return loss_and_grads(model, params, batch)
+
+
 def data_parallel(mesh: Mesh | None) -> bool:
     """Whether `mesh` splits only the batch (several devices, fsdp = tensor = 1)."""
     return (mesh is not None and mesh.size > 1
@@ -87,9 +94,7 @@ def _data_parallel_grads(model: Transformer, mesh: Mesh, params, batch):
     traffic, and 2.9% slower a step on two H200s with the GPU preset (BENCHMARKS.md)."""
 
     def local(params, batch):
-        # Every mesh axis is manual here: no logical constraints left to apply.
-        with nn.logical_axis_rules(()):
-            return lax.psum(loss_and_grads(model, params, batch), BATCH_AXES)
+        return lax.psum(_manual_loss_and_grads(model, params, batch), BATCH_AXES)
 
     rows = {k: P(None, BATCH_AXES) for k in BATCH_KEYS}
     return jax.shard_map(local, mesh=mesh, in_specs=(P(), rows), out_specs=P(),
@@ -161,11 +166,8 @@ def shard_batch_shardings(mesh: Mesh) -> dict[str, NamedSharding]:
 
 
 def _per_shard_grads(params, batch_1MRT, *, model: Transformer):
-    # Inside shard_map every mesh axis is manual: the model's logical sharding constraints
-    # have nothing left to constrain, hence no rules.
-    with nn.logical_axis_rules(()):
-        loss, count, grads = loss_and_grads(model, params,
-                                            {k: v[0] for k, v in batch_1MRT.items()})
+    loss, count, grads = _manual_loss_and_grads(model, params,
+                                                {k: v[0] for k, v in batch_1MRT.items()})
     return loss[None], count[None], jax.tree.map(lambda g: g[None], grads)
 
 
