@@ -117,6 +117,7 @@ def main():
             (flat(do), layout, k, v, q_rows)),
         "dO rows gathered": (jax.jit(lambda do, lay: hopper.gather_rows(do, lay, False)),
                              (flat(do), layout)),
+        # q's sorted rows stand in for dO's (the kernels' time does not depend on values).
         "dk/dv today": (jax.jit(lambda lay, k, v, qr: hopper.moba_dkv(
             None, None, lse, delta, lay, k, v, seg, q_rows=qr, do_rows=qr, **common)),
             (layout, k, v, q_rows)),

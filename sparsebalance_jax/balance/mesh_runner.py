@@ -10,8 +10,9 @@ measure each step. Here a step runs as the trainer runs it, over a data-only mes
   clock (`pallas_kernels/device_clock.py`; on CPU, when each device's outputs are ready as the
   host sees it, which says nothing about balance). One warm-up call, then the median of
   `repeats` calls, per shard. The gradients are dropped.
-- The step's time: the trainer's fused step (`training.step.FusedStep`: one SPMD program per
-  budget bucket, gradients all-reduced inside it, optimizer update), wall time of a blocking
+- The step's time: the trainer's fused step (`training.step.FusedStep`: one program per
+  budget bucket, the gradients all-reduced once inside it, optimizer update; before f3ab18e
+  once per micro-batch), wall time of a blocking
   call (the loss read back), one warm-up call, then the median of `repeats`.
 - Parameters: every call starts from the initial train state (the fused step gets a fresh copy,
   which it donates), as the simulation's micro-batches do. Carried from step to step, the
