@@ -17,6 +17,15 @@ def _has_gpu() -> bool:
         return False
 
 
+def pytest_xdist_auto_num_workers(config):
+    """Workers for `pytest -n auto`: one per core, at most four (each holds eight host devices
+    and its own compiled programs); none on a machine with a GPU, where every process would
+    claim most of its memory, so there the tests run in this one process."""
+    if os.path.exists("/dev/nvidia0"):
+        return 0
+    return min(4, len(os.sched_getaffinity(0)))
+
+
 def pytest_collection_modifyitems(config, items):
     if _has_gpu():
         return
