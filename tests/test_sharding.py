@@ -9,7 +9,7 @@ import pytest
 
 from sparsebalance_jax.config import MeshConfig
 from sparsebalance_jax.model import Transformer, attention_op
-from sparsebalance_jax.sharding import make_mesh
+from sparsebalance_jax.sharding import AXES, LOGICAL_RULES, make_mesh, rules_without
 from sparsebalance_jax.training.state import create_train_state
 from sparsebalance_jax.training.step import (batch_shardings, compile_train_step,
                                              jit_train_step, mesh_context)
@@ -64,35 +64,40 @@ def test_loss_and_update_agree_across_meshes():
                      update, ref_update)
 
 
-def _while_bodies_and_all_reduces(hlo: str):
-    """(names of while-loop body computations, {computation: number of all-reduce ops})."""
+def _all_reduces_in_loops(hlo: str) -> int:
+    """How many all-reduce ops the compiled program's while-loop bodies (the micro-batch loop,
+    the layer scans) hold."""
     bodies = set(re.findall(r"\bwhile\(.*?body=%?([\w.\-]+)", hlo))
-    counts = {}
+    assert bodies, "the micro-batch loop is gone from the program"
+    count = 0
     for block in re.split(r"\n(?=\S)", hlo):
         name = re.match(r"(?:ENTRY\s+)?%?([\w.\-]+)", block)
-        n = len(re.findall(r"\sall-reduce(?:-start)?\(", block))
-        if name and n:
-            counts[name.group(1)] = n
-    return bodies, counts
+        if name and name.group(1) in bodies:
+            count += len(re.findall(r"\sall-reduce(?:-start)?\(", block))
+    return count
 
 
-def test_data_parallel_step_all_reduces_once_after_the_micro_batches():
-    """On a data-only mesh the gradients are summed over the micro-batches on each device and
-    all-reduced once, not inside the micro-batch loop (what SPMD partitioning alone does)."""
-    cfg, mesh, _, state, shardings = _on_mesh(tiny_config(), (2, 1, 1))
-    placed = jax.device_put(_batch(np.random.default_rng(), rows=2), batch_shardings(mesh))
+def _compiled_step(mesh_shape, *, partitioned: bool = True) -> str:
+    """The compiled step's HLO on a mesh; partitioned=False: no mesh given to the step, so
+    XLA's SPMD partitioning alone places every collective."""
+    cfg, mesh, _, state, shardings = _on_mesh(tiny_config(), mesh_shape)
+    placed = jax.device_put(_batch(np.random.default_rng(), rows=4), batch_shardings(mesh))
     with mesh_context(mesh):
-        hlo = jit_train_step(cfg.model, cfg.attention, shardings, mesh).lower(
+        return jit_train_step(cfg.model, cfg.attention, shardings,
+                              mesh if partitioned else None).lower(
             state, placed, k_max=cfg.k_max).compile().as_text()
-    bodies, counts = _while_bodies_and_all_reduces(hlo)
-    assert bodies, "the micro-batch loop is gone from the program"
-    assert counts and not bodies & set(counts), (bodies, counts)
-    # Unpartitioned SPMD (no mesh given) does put them in the loop: the check can fail.
-    with mesh_context(mesh):
-        spmd = jit_train_step(cfg.model, cfg.attention, shardings).lower(
-            state, placed, k_max=cfg.k_max).compile().as_text()
-    bodies, counts = _while_bodies_and_all_reduces(spmd)
-    assert bodies & set(counts)
+
+
+@pytest.mark.parametrize("fsdp, tensor", [(1, 1), (1, 2), (2, 1)])
+def test_data_parallel_step_all_reduces_over_data_once(fsdp, tensor):
+    """With two data shards the gradients are summed over the micro-batches and layers on each
+    shard and all-reduced over `data` once, after the loops: the loops hold exactly the
+    all-reduces of the same step on one data shard (those over fsdp and tensor; none on one
+    device). SPMD partitioning alone puts more in them (the gradients' over `data`), so the
+    check can fail."""
+    one_shard = _all_reduces_in_loops(_compiled_step((1, fsdp, tensor)))
+    assert _all_reduces_in_loops(_compiled_step((2, fsdp, tensor))) == one_shard
+    assert _all_reduces_in_loops(_compiled_step((2, fsdp, tensor), partitioned=False)) > one_shard
 
 
 def test_mesh_that_does_not_match_devices_fails():
@@ -120,3 +125,10 @@ def test_each_shard_budget_reaches_its_own_rows():
             out = np.asarray(run(q, k, v, seg, jnp.asarray(budgets)))
             changed = np.abs(out - out0).reshape(b, -1).max(axis=1) > 0
             assert changed.tolist() == [r // 2 == shard for r in range(b)]
+
+
+def test_rules_without_manual_axes_drop_them_from_every_rule():
+    rules = dict(rules_without({"data"}))
+    assert rules["act_batch"] == "fsdp" and rules["heads"] == "tensor" and rules["embed"] == "fsdp"
+    assert all(axes is None for _, axes in rules_without(set(AXES)))
+    assert [name for name, _ in rules_without({"data"})] == [name for name, _ in LOGICAL_RULES]

@@ -72,8 +72,12 @@ def attention_op(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, budget_B, *,
         # No mesh, or already inside a shard_map over every axis (the per-shard timed step):
         # the arrays here are this device's own.
         return local(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, budget_B)
-    heads = P(BATCH_AXES, None, "tensor", None)
-    rows = P(BATCH_AXES, None)
-    return jax.shard_map(local, mesh=mesh, in_specs=(heads, heads, heads, rows, P(BATCH_AXES)),
-                         out_specs=heads, check_vma=False)(
+    # Per device over the axes not yet manual: all, or all but `data` in the data-parallel step.
+    manual = set(mesh.manual_axes)
+    batch = tuple(a for a in BATCH_AXES if a not in manual) or None
+    heads = P(batch, None, None if "tensor" in manual else "tensor", None)
+    rows = P(batch, None)
+    return jax.shard_map(local, mesh=mesh, in_specs=(heads, heads, heads, rows, P(batch)),
+                         out_specs=heads, axis_names=set(mesh.axis_names) - manual,
+                         check_vma=False)(
         q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, budget_B)

@@ -36,6 +36,17 @@ LOGICAL_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
 )
 
 
+def rules_without(manual) -> tuple[tuple[str, str | tuple[str, ...] | None], ...]:
+    """LOGICAL_RULES inside a shard_map whose `manual` axes are already split: those axes
+    dropped from every rule (a constraint may name only the axes left to partition)."""
+    out = []
+    for name, axes in LOGICAL_RULES:
+        kept = tuple(a for a in ((axes,) if isinstance(axes, str) else axes or ())
+                     if a not in manual)
+        out.append((name, kept[0] if len(kept) == 1 else (kept or None)))
+    return tuple(out)
+
+
 def make_mesh(cfg: MeshConfig, devices: list | None = None) -> Mesh:
     """A (data, fsdp, tensor) mesh over `devices` (default: all), sizes from the config."""
     devices = jax.devices() if devices is None else devices

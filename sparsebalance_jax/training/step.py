@@ -3,9 +3,9 @@
 A step batch holds `[M, B, T]` arrays (micro-batches, global rows, tokens) and per-row budgets
 `[M, B]`; rows are split over data x fsdp, so shard s owns rows [s*R, (s+1)*R). The loss is the
 mean over every trained token of the whole step, so any mesh gives the same loss and gradients.
-On a data-only mesh each device sums its own gradients over the micro-batches and they are
-all-reduced once per step (`_data_parallel_grads`); on other meshes XLA's SPMD partitioning
-places the collectives.
+With several data shards each sums its own gradients over the micro-batches and they are
+all-reduced over `data` once per step (`_data_parallel_grads`); XLA's SPMD partitioning places
+the collectives over fsdp and tensor.
 
 The shard-timed step (`ShardTimedStep`) is the same update in two programs, so that each data
 shard's own compute can be timed: under one SPMD program every device waits at the gradient
@@ -47,7 +47,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from pallas_kernels import device_clock
 from sparsebalance_jax.balance.compile_cache import CompileCache
 from sparsebalance_jax.model import Transformer, token_losses
-from sparsebalance_jax.sharding import BATCH_AXES, LOGICAL_RULES
+from sparsebalance_jax.sharding import AXES, BATCH_AXES, LOGICAL_RULES, rules_without
 
 BATCH_KEYS = ("inputs", "targets", "loss_mask", "segment_ids", "positions", "budgets")
 
@@ -73,37 +73,50 @@ def loss_and_grads(model: Transformer, params, batch):
     return loss_sum, count, grads
 
 
-def _manual_loss_and_grads(model: Transformer, params, batch):
-    """loss_and_grads inside shard_map, where every mesh axis is manual: the model's logical
-    sharding constraints have nothing left to constrain, hence no rules."""
-    with nn.logical_axis_rules(()):
+def _manual_loss_and_grads(model: Transformer, params, batch, *, manual: frozenset[str]):
+    """loss_and_grads inside a shard_map over the `manual` mesh axes: the model's logical
+    rules less those axes (the arrays here are already split over them)."""
+    with nn.logical_axis_rules(rules_without(manual)):
         return loss_and_grads(model, params, batch)
 
 
 def data_parallel(mesh: Mesh | None) -> bool:
-    """Whether `mesh` splits only the batch (several devices, fsdp = tensor = 1)."""
-    return (mesh is not None and mesh.size > 1
-            and mesh.shape["fsdp"] * mesh.shape["tensor"] == 1)
+    """Whether the step all-reduces the gradients over `data` once, after the micro-batches
+    (_data_parallel_grads): with more than one data shard, unless fsdp and tensor are both
+    split too. There XLA's SPMD partitioner (jax 0.11.2) aborts on the embedding's and the
+    loss's gathers inside a shard_map over `data` alone (a failed check in
+    spmd_partitioner_util.cc when it all-gathers over the two axes left), so such meshes keep
+    plain SPMD partitioning."""
+    return (mesh is not None and mesh.shape["data"] > 1
+            and min(mesh.shape["fsdp"], mesh.shape["tensor"]) == 1)
 
 
 def _data_parallel_grads(model: Transformer, mesh: Mesh, params, batch):
-    """loss_and_grads on a data-only mesh (step layout [M, B, T]): each device sums its own
-    rows' loss, token count and gradients over the micro-batches with no collective, then one
-    psum. Under plain SPMD partitioning XLA all-reduces the gradients inside the micro-batch
-    loop instead, once per micro-batch (the loop carries them replicated): M times the
-    traffic, and 2.9% slower a step on two H200s with the GPU preset (BENCHMARKS.md)."""
+    """loss_and_grads with one all-reduce over `data` per step (step layout [M, B, T]): each
+    data shard sums its own rows' loss, token count and gradients over the micro-batches with
+    no collective over `data`, then one psum. Under plain SPMD partitioning XLA all-reduces the
+    gradients inside the micro-batch loop instead (inside the layer scan, on meshes with fsdp
+    or tensor > 1), once per micro-batch (the loop carries them replicated over `data`): M
+    times the traffic, and 2.9% slower a step on two H200s with the GPU preset (BENCHMARKS.md).
+
+    On a data-only mesh every axis is manual (each device's arrays are its own). Otherwise only
+    `data` is: inside, XLA still partitions over fsdp and tensor (parameter all-gathers and
+    gradient reduce-scatters over fsdp, activation all-reduces over tensor), with the logical
+    rules less `data` (rules_without)."""
+    manual = frozenset(AXES if mesh.shape["fsdp"] * mesh.shape["tensor"] == 1 else ["data"])
 
     def local(params, batch):
-        return lax.psum(_manual_loss_and_grads(model, params, batch), BATCH_AXES)
+        return lax.psum(_manual_loss_and_grads(model, params, batch, manual=manual), "data")
 
-    rows = {k: P(None, BATCH_AXES) for k in BATCH_KEYS}
+    rows = {k: P(None, "data") for k in BATCH_KEYS}
     return jax.shard_map(local, mesh=mesh, in_specs=(P(), rows), out_specs=P(),
-                         check_vma=False)(params, {k: batch[k] for k in BATCH_KEYS})
+                         axis_names=manual, check_vma=False)(
+        params, {k: batch[k] for k in BATCH_KEYS})
 
 
 def train_step(state, batch, *, model: Transformer, mesh: Mesh | None = None):
-    """One update from a step batch (step layout); on a data-only `mesh`, with one gradient
-    all-reduce per step (_data_parallel_grads)."""
+    """One update from a step batch (step layout); with several data shards, with one gradient
+    all-reduce over `data` per step (_data_parallel_grads)."""
     if data_parallel(mesh):
         loss_sum, count, grads = _data_parallel_grads(model, mesh, state.params, batch)
     else:
@@ -139,7 +152,7 @@ def jit_train_step(model_cfg, attention_cfg, state_shardings, mesh: Mesh | None 
     argument (one compiled program per bucket). Inputs arrive placed: the state as
     `create_train_state` made it, the batch with `batch_shardings(mesh)` (jax.jit takes no
     in_shardings with a keyword argument); outputs keep the state's shardings. `mesh`: the
-    mesh the step runs on (train_step's data-only path needs it)."""
+    mesh the step runs on (train_step's one all-reduce over `data` needs it)."""
 
     def step(state, batch, *, k_max: int):
         return train_step(state, batch, model=Transformer(model_cfg, attention_cfg, k_max),
@@ -167,7 +180,8 @@ def shard_batch_shardings(mesh: Mesh) -> dict[str, NamedSharding]:
 
 def _per_shard_grads(params, batch_1MRT, *, model: Transformer):
     loss, count, grads = _manual_loss_and_grads(model, params,
-                                                {k: v[0] for k, v in batch_1MRT.items()})
+                                                {k: v[0] for k, v in batch_1MRT.items()},
+                                                manual=frozenset(AXES))
     return loss[None], count[None], jax.tree.map(lambda g: g[None], grads)
 
 
