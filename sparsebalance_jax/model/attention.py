@@ -15,7 +15,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from sparsebalance_jax.config import AttentionConfig
-from sparsebalance_jax.sharding.mesh import BATCH_AXES
+from sparsebalance_jax.sharding.mesh import rules_without
 
 
 def dense_reference(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT):
@@ -72,12 +72,14 @@ def attention_op(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, budget_B, *,
         # No mesh, or already inside a shard_map over every axis (the per-shard timed step):
         # the arrays here are this device's own.
         return local(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, budget_B)
-    # Per device over the axes not yet manual: all, or all but `data` in the data-parallel step.
+    # Per device over the axes not yet manual (all, or all but `data` in the data-parallel
+    # step): the activations' own rules, less the manual axes.
     manual = set(mesh.manual_axes)
-    batch = tuple(a for a in BATCH_AXES if a not in manual) or None
-    heads = P(batch, None, None if "tensor" in manual else "tensor", None)
+    rules = dict(rules_without(manual))
+    batch = rules["act_batch"]
+    heads, kv_heads = (P(batch, None, rules[name], None) for name in ("act_heads", "act_kv_heads"))
     rows = P(batch, None)
-    return jax.shard_map(local, mesh=mesh, in_specs=(heads, heads, heads, rows, P(batch)),
+    return jax.shard_map(local, mesh=mesh, in_specs=(heads, kv_heads, kv_heads, rows, P(batch)),
                          out_specs=heads, axis_names=set(mesh.axis_names) - manual,
                          check_vma=False)(
         q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, budget_B)
