@@ -81,15 +81,19 @@ def dkv_rounding_bounds(args, block_size):
   return dk_bound, dv_bound
 
 
-def assert_outputs_close(got_o, want_o, mag_o, rows):
+def assert_outputs_close(got_o, want_o, rows, args, *, block_size, bs):
   """The Hopper and Triton forwards' bf16 outputs on `rows` agree within what bf16 rounding
   allows, element by element. Both compute the same float32 scores and exponentials, but by
   other instructions in another order, so a probability's last float32 bits may differ and
   round to the neighbouring bf16 value: one bf16 ulp, at most 2^-7 of it. Were every weight to
-  do so, an output would move by at most 2^-7 sum_j w_j |v_j|: `mag_o`, the kernel's output
-  with |v| in place of v. Each side then rounds its output to bf16 once (one ulp between them,
-  at most 2^-7 |o|). The factor 1 + 2^-5 covers mag_o's own bf16 rounding and the bf16 weights'
-  sum against the float32 normaliser."""
+  do so, an output would move by at most 2^-7 sum_j w_j |v_j|: the Triton forward's output on
+  the same `args` (q, layout, k, v, segment ids) with |v| in place of v. Each side then rounds
+  its output to bf16 once (one ulp between them, at most 2^-7 |o|). The factor 1 + 2^-5 covers
+  that magnitude's own bf16 rounding and the bf16 weights' sum against the float32
+  normaliser."""
+  q, layout, k, v, seg = args
+  mag_o, _ = kernels.moba_forward_rows(q, layout, k, jnp.abs(v), seg, block_size=block_size,
+                                       bs=bs, interpret=True)
   got, want, mag = (np.asarray(x, np.float32)[rows] for x in (got_o, want_o, mag_o))
   bound = 2 ** -7 * (np.abs(want) + mag) * (1 + 2 ** -5)
   over = np.abs(got - want) > bound
@@ -131,9 +135,7 @@ def test_rows_match_triton_forward(hq, hkv, block_size, overlap):
   assert real_BGL.sum() > 0
   np.testing.assert_allclose(np.asarray(got_lse)[real_BGL], np.asarray(want_lse)[real_BGL],
                              rtol=1e-5, atol=1e-5)
-  mag_o, _ = kernels.moba_forward_rows(q_BSD, layout, k, jnp.abs(v), seg,
-                                       block_size=block_size, bs=tiles, interpret=True)
-  assert_outputs_close(got_o, want_o, mag_o, real_BGL)
+  assert_outputs_close(got_o, want_o, real_BGL, args, block_size=block_size, bs=tiles)
 
 
 def test_gather_rows_match_xla_gather():
@@ -240,9 +242,7 @@ def test_persistent_full_items_match_triton_forward():
       np.asarray(layout.row_seg_BGL) != 0)
   np.testing.assert_allclose(np.asarray(got_lse)[real], np.asarray(want_lse)[real],
                              rtol=1e-5, atol=1e-5)
-  mag_o, _ = kernels.moba_forward_rows(args[0], layout, k, jnp.abs(v), seg,
-                                       block_size=block_size, bs=HOPPER, interpret=True)
-  assert_outputs_close(got_o, want_o, mag_o, real)
+  assert_outputs_close(got_o, want_o, real, args, block_size=block_size, bs=HOPPER)
 
 
 def test_attention_with_mosaic_kernels_matches_reference():
