@@ -1,8 +1,8 @@
 """What one synchronised call costs beyond its GPU work, by kind of kernel: a trivial XLA
 computation, a minimal Pallas Mosaic GPU kernel, a minimal Pallas Triton kernel, and 1 / 3 / 6
 of each in one jitted function (each kernel adds 1 to a small array - the XLA one takes the
-sine first - so the GPU work is a few microseconds). Per variant: ms per call synchronised (median of 50, the project's rule) and
-back to back (50 calls, one wait). GPU only.
+sine first - so the GPU work is a few microseconds). Per variant: ms per call synchronised
+(median of 50, the project's rule) and back to back (50 calls, one wait). GPU only.
 
     python -m experiments.call_overhead
 """

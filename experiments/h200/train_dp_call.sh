@@ -2,9 +2,9 @@
 # The main job on every GPU of the machine (data parallel, the GPU preset of
 # configs/longbench.py: SAB batching), for STEPS steps, one run per arm of ARMS (default
 # "dst nodst"): dst - DST on, with per-shard timing (each GPU's measured time fed to DST);
-# nodst - DST off, per-shard timing on; fused - DST off and per-shard timing off (the fused
-# step, whose all-reduce overlaps the backward). Copies each run's metrics.jsonl to $OUT and
-# prints a per-run summary.
+# nodst - DST off, per-shard timing on; fused - DST off and per-shard timing off (the
+# one-program step, one all-reduce after the micro-batches). Copies each run's metrics.jsonl to
+# $OUT and prints a per-run summary.
 #   [ARMS="dst nodst fused"] bash experiments/h200/train_dp_call.sh [extra --config.* flags]
 set -uo pipefail
 OUT=${OUT:?set OUT to a writable directory}
