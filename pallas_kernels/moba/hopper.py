@@ -400,6 +400,14 @@ def _accumulate(acc, a, b_ref, p_smem):
   return acc + pl.run_scoped(fresh, plgpu.ACC(acc.shape, jnp.float32))
 
 
+def _split_steps(first, unmasked, n, step_fn, carry):
+  """Key steps first..n-1 as two loops - those before `unmasked` (attended whole) with
+  step_fn(False), the rest with step_fn(True) - so that no step branches on its mask."""
+  split = jnp.clip(unmasked, first, n)
+  carry = lax.fori_loop(first, split, step_fn(False), carry)
+  return lax.fori_loop(split, n, step_fn(True), carry)
+
+
 def _fwd_kernel(ids_ref, num_ref, blk_ref, steps_ref, unmasked_ref, src_ref, seg_ref, pos_ref,
                 q_ref, k_ref, v_ref, kseg_ref, o_ref, lse_ref, *refs, sm_scale, block_size,
                 block_kv, k_stages, v_stages, num_groups, items_per_group, grid, p_in_smem,
@@ -438,9 +446,10 @@ def _fwd_kernel(ids_ref, num_ref, blk_ref, steps_ref, unmasked_ref, src_ref, seg
       if qs_ref is not None:
         plgpu.copy_smem_to_gmem(q_tile, qs_ref.at[b, g, rows])
 
-      def softmax(s_RK, step, slot, m_prev, l_prev):
+      def softmax(s_RK, step, slot, m_prev, l_prev, masked=None):
         """Online softmax of one key step: the new row maxima and sums, P (q's dtype) and
-        the correction of the output so far."""
+        the correction of the output so far. masked: whether the step needs the mask
+        (None: decided at run time, step < unmasked)."""
         start = j * block_size + step * block_kv
 
         def unmasked_p(s_RK):
@@ -453,7 +462,10 @@ def _fwd_kernel(ids_ref, num_ref, blk_ref, steps_ref, unmasked_ref, src_ref, seg
           m_next = jnp.maximum(m_prev, s_RK.max(axis=1))
           return m_next, jnp.exp2(s_RK - lax.broadcast_in_dim(m_next, shape, [0]))
 
-        m_next, p = lax.cond(step < unmasked, unmasked_p, masked_p, s_RK)
+        if masked is None:
+          m_next, p = lax.cond(step < unmasked, unmasked_p, masked_p, s_RK)
+        else:
+          m_next, p = (masked_p if masked else unmasked_p)(s_RK)
         plgpu.barrier_arrive(bars.k_free.at[slot])  # K and its key segments read
         corr = jnp.exp2(m_prev - m_next)
         return m_next, l_prev * corr + p.sum(axis=1), p.astype(q_tile.dtype), corr
@@ -482,7 +494,7 @@ def _fwd_kernel(ids_ref, num_ref, blk_ref, steps_ref, unmasked_ref, src_ref, seg
         plgpu.barrier_arrive(bars.v_free.at[vslot])
         return acc
 
-      def plain_step(step, carry):
+      def plain_step(step, carry, *, masked):
         """Key step `step` in two turns: S = q K^T, the softmax, then P V."""
         acc, m_prev, l_prev, gstep = carry
         kslot, vslot = lax.rem(gstep, k_stages), lax.rem(gstep, v_stages)
@@ -490,7 +502,7 @@ def _fwd_kernel(ids_ref, num_ref, blk_ref, steps_ref, unmasked_ref, src_ref, seg
           plgpu.barrier_wait(bars.k.at[kslot])
         s_RK = qk(kslot)
         with jax.named_scope("softmax"):
-          m_next, l_next, p16, corr = softmax(s_RK, step, kslot, m_prev, l_prev)
+          m_next, l_next, p16, corr = softmax(s_RK, step, kslot, m_prev, l_prev, masked)
           acc = acc * lax.broadcast_in_dim(corr, acc.shape, [0])
         return pv_turn(acc, p16, vslot), m_next, l_next, gstep + 1
 
@@ -536,12 +548,16 @@ def _fwd_kernel(ids_ref, num_ref, blk_ref, steps_ref, unmasked_ref, src_ref, seg
       if overlap:
         p16_0 = plgpu.layout_cast(jnp.zeros(shape, q_tile.dtype), plgpu.Layout.WGMMA)
         carry = overlapped_step(0, (*init, p16_0, gstep), first=True)
+        # One loop: split in two (as the plain schedule is), ptxas serializes its wgmma
+        # (C7513: registers of P V's operand defined between the loops; BENCHMARKS.md).
         acc, m, l, p16, gstep = lax.fori_loop(
             1, n, functools.partial(overlapped_step, first=False), carry)
         # The last step's P V, in a turn of its own.
         acc = pv_turn(acc, p16, lax.rem(gstep + v_stages - 1, v_stages))
       else:
-        acc, m, l, gstep = lax.fori_loop(0, n, plain_step, (*init, gstep))
+        acc, m, l, gstep = _split_steps(
+            0, unmasked, n, lambda masked: functools.partial(plain_step, masked=masked),
+            (*init, gstep))
       with jax.named_scope("epilogue"):
         if qs_ref is not None:
           plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the q rows' store has read the tile
@@ -598,11 +614,15 @@ def _dq_kernel(ids_ref, num_ref, blk_ref, steps_ref, unmasked_ref, src_ref, seg_
       if dos_ref is not None:
         plgpu.copy_smem_to_gmem(do_tile, dos_ref.at[b, g, rows])
 
-      def ds(s_RK, dp_RK, step, kslot):
+      def ds(s_RK, dp_RK, step, kslot, masked=None):
+        """dS of one key step (q's dtype); masked as the forward's softmax."""
         start = j * block_size + step * block_kv
         p_RK = jnp.exp2(s_RK * (sm_scale * _LOG2E) - lse_RK)
-        p_RK = lax.cond(step < unmasked, lambda p: p,
-                        lambda p: jnp.where(keep(kslot, start), p, 0.0), p_RK)
+        apply_mask = lambda p: jnp.where(keep(kslot, start), p, 0.0)
+        if masked is None:
+          p_RK = lax.cond(step < unmasked, lambda p: p, apply_mask, p_RK)
+        elif masked:
+          p_RK = apply_mask(p_RK)
         return (p_RK * (dp_RK - delta_RK)).astype(q_tile.dtype)
 
       def products(kslot, vslot, dq=None):
@@ -638,14 +658,14 @@ def _dq_kernel(ids_ref, num_ref, blk_ref, steps_ref, unmasked_ref, src_ref, seg_
           plgpu.barrier_wait(bars.k.at[kslot])
           plgpu.barrier_wait(bars.v.at[vslot])
 
-      def plain_step(step, carry):
+      def plain_step(step, carry, *, masked):
         """Key step `step` in two turns: S and dP, dS, then dq += dS K."""
         acc, gstep = carry
         kslot, vslot = lax.rem(gstep, k_stages), lax.rem(gstep, v_stages)
         wait_kv(kslot, vslot)
         s_RK, dp_RK = products(kslot, vslot)
         with jax.named_scope("ds"):
-          ds16 = ds(s_RK, dp_RK, step, kslot)
+          ds16 = ds(s_RK, dp_RK, step, kslot, masked)
         return dq_turn(acc, ds16, kslot), gstep + 1
 
       def overlapped_step(step, carry, *, first):
@@ -681,12 +701,15 @@ def _dq_kernel(ids_ref, num_ref, blk_ref, steps_ref, unmasked_ref, src_ref, seg_
       if overlap:
         ds16_0 = plgpu.layout_cast(jnp.zeros(shape, q_tile.dtype), plgpu.Layout.WGMMA)
         carry = overlapped_step(0, (acc, ds16_0, carry), first=True)
+        # One loop, as the forward's overlapped schedule (C7513 when split).
         acc, ds16, gstep = lax.fori_loop(
             1, n, functools.partial(overlapped_step, first=False), carry)
         # The last step's dS K, in a turn of its own.
         acc = dq_turn(acc, ds16, lax.rem(gstep + k_stages - 1, k_stages))
       else:
-        acc, gstep = lax.fori_loop(0, n, plain_step, (acc, carry))
+        acc, gstep = _split_steps(
+            0, unmasked, n, lambda masked: functools.partial(plain_step, masked=masked),
+            (acc, carry))
       with jax.named_scope("epilogue"):
         q_tile[...] = (acc * sm_scale).astype(q_tile.dtype)
         plgpu.commit_smem()

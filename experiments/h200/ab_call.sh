@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# One device call comparing the Hopper kernels of several source trees (TREES: folders holding a
+# version's pallas_kernels/ and experiments/, "." the working tree), e.g. a base commit's:
+#   git archive <commit> pallas_kernels experiments | tar -x -C ab_base
+#   TREES="ab_base ." bash experiments/h200/ab_call.sh
+# MODE=trace (default): the GPU time of every kernel of a top-3 forward+backward step
+# (trace_moba.py, 16/16 x 128, S=32K, block 512); MODE=alone: the kernels timed alone
+# (persistent_forward.py ALONE_ARGS). The trees run in alternating processes, ROUNDS times
+# each, so that the spread from one process to the next shows beside the change. The first
+# round keeps every kernel's ptxas report (registers, spills, wgmma serialization: C75xx).
+# STEP=1 then runs the working tree's GPU tests and its top-3 time beside cuDNN.
+set -uo pipefail
+OUT=${OUT:?set OUT to a writable directory}
+TREES=${TREES:?set TREES to the source trees to compare}
+export PYTHONUNBUFFERED=1
+ROUNDS=${ROUNDS:-2}
+MODE=${MODE:-trace}
+ALONE_ARGS=${ALONE_ARGS:-"--configs 128,2,0 --dq-configs 64,3/2,1,1,1 --dkv-stages 2"}
+for r in $(seq "$ROUNDS"); do
+  for tree in $TREES; do
+    tag=$(basename "$(realpath "$tree")")
+    [ "$tree" = . ] && tag=work
+    dump=()
+    if [ "$r" = 1 ]; then
+      mkdir -p "/tmp/dump_$tag"  # Mosaic GPU writes no dump into a folder that does not exist
+      dump=(env MOSAIC_GPU_DUMP_TO="/tmp/dump_$tag" MOSAIC_GPU_DUMP_PTXAS=1)
+    fi
+    if [ "$MODE" = trace ]; then
+      "${dump[@]}" timeout 120 python3 "$tree/experiments/trace_moba.py" --heads h128 \
+          --block 512 --k 3 --backend mosaic --reps 10 --out "$OUT/trace_${tag}_$r.json" \
+          > "/tmp/run_${tag}_$r.log" 2>&1
+      echo "trace $tag round $r: exit $?"
+      head -9 "/tmp/run_${tag}_$r.log" | sed "s/^/$tag$r /" >> "$OUT/runs.txt"
+    else
+      # shellcheck disable=SC2086
+      "${dump[@]}" timeout 200 python3 "$tree/experiments/persistent_forward.py" $ALONE_ARGS \
+          --out "$OUT/alone_${tag}_$r.json" > "/tmp/run_${tag}_$r.log" 2>&1
+      echo "alone $tag round $r: exit $?"
+      grep -A20 "^kernel " "/tmp/run_${tag}_$r.log" | sed "s/^/$tag$r /" >> "$OUT/runs.txt"
+    fi
+  done
+done
+for tree in $TREES; do
+  tag=$(basename "$(realpath "$tree")"); [ "$tree" = . ] && tag=work
+  for f in /tmp/dump_"$tag"/*.ptxas; do
+    [ -e "$f" ] || continue
+    echo "$tag $(basename "$f"): $(grep -oE 'Used [0-9]+ registers|[0-9]+ bytes spill stores|C75[0-9]+' "$f" \
+        | sort -u | tr '\n' ' ')"
+  done
+done | tee "$OUT/ptxas.txt"
+if [ "${STEP:-0}" = 1 ]; then
+  timeout 200 python3 -m pytest tests/test_moba_hopper.py -m gpu -p no:cacheprovider \
+      > "$OUT/pytest.txt" 2>&1
+  echo "pytest -m gpu: exit $? ($(grep -E 'passed|failed|error' "$OUT/pytest.txt" | tail -1))"
+  timeout 150 python3 experiments/bench_kernel.py --skip-check --backends mosaic --seqs 32768 \
+      --blocks 512 --ks 3 --heads h128 --out "$OUT/h128.json" > "$OUT/h128.log" 2>&1
+  echo "h128: exit $?"; grep -A4 "^kind " "$OUT/h128.log"
+fi
+echo "== per run =="
+cat "$OUT/runs.txt"
