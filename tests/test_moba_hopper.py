@@ -211,49 +211,6 @@ def test_dkv_match_triton_dkv(hq, hkv, block_size, d):
     assert rel_err(g, w) < 2 ** -8, name
 
 
-@pytest.mark.parametrize("hq, hkv, block_size, packed", [
-    (2, 1, 256, True), (4, 4, 256, True), (2, 2, 512, True), (2, 1, 256, False),
-    (2, 2, 512, False)])
-def test_dkv_items_mask_exactly_the_chunks_that_need_it(hq, hkv, block_size, packed):
-  """dkv_items' unmasked run, against the definition pair by pair on fresh layouts: each
-  chunk from whole_from to whole_to attends every (row, key) pair of its key tile (real rows,
-  one document with the keys, no key after a row), so running it unmasked is exact. With one
-  document per row (packed=False) the run holds every chunk that does so: only the others
-  (own-block rows before the tile's keys, padding) take the mask."""
-  rng = np.random.default_rng()
-  b, t, k_max = 2, 4 * block_size, 3
-  q, k, _, _ = make_inputs(rng, b, t, hq, hkv, 64, jnp.bfloat16)
-  seg = (packed_segments(rng, b, t, block_size, aligned=bool(rng.integers(2))) if packed
-         else jnp.ones((b, t), jnp.int32))
-  budget = jnp.asarray(rng.integers(1, k_max + 1, size=b), jnp.int32)
-  sel = moba_gate(q, k, seg, budget, block_size=block_size, k_max=k_max)
-  layout = build_kv_layout(sel, seg, num_blocks=t // block_size, group_size=hq // hkv,
-                           block_rows=HOPPER.block_rows, pad_rows=hopper.ITEM_ROWS)
-  _, first, end, lo, hi = (np.asarray(x) for x in hopper.dkv_items(
-      layout, seg, block_size=block_size, group_size=hq // hkv))
-  rseg, rpos = np.asarray(layout.row_seg_BGL), np.asarray(layout.row_pos_BGL)
-  segs = np.asarray(seg)
-  g, r = rseg.shape[1], hopper._ROWS
-  tiles = t // hopper.DKV_TILE
-
-  def whole(bi, gi, c, n):
-    keys = np.arange(n * hopper.DKV_TILE, (n + 1) * hopper.DKV_TILE)
-    rs, rp = rseg[bi, gi, c * r:(c + 1) * r], rpos[bi, gi, c * r:(c + 1) * r]
-    return bool((rs != 0).all() and (rs[:, None] == segs[bi, keys][None, :]).all()
-                and (keys[None, :] <= rp[:, None]).all())
-
-  unmasked = 0
-  for flat in range(b * g * tiles):
-    bi, gi, n = flat // (g * tiles), (flat // tiles) % g, flat % tiles
-    assert first[flat] <= lo[flat] <= hi[flat] <= max(first[flat], end[flat]), flat
-    assert all(whole(bi, gi, c, n) for c in range(lo[flat], hi[flat])), flat
-    if not packed:
-      masked = [c for c in range(first[flat], end[flat]) if not lo[flat] <= c < hi[flat]]
-      assert not any(whole(bi, gi, c, n) for c in masked), flat
-    unmasked += hi[flat] - lo[flat]
-  assert unmasked > 0
-
-
 def test_persistent_full_items_match_triton_forward():
   """One long document and every block chosen: most work items are full (run without the
   mask); their rows still equal the Triton kernel's, and the run has no data race."""

@@ -943,9 +943,9 @@ def _sorted(x_BSD, x_rows, layout, interpret, name):
   return x_rows
 
 
-def _dkv_kernel(ids_ref, first_ref, end_ref, from_ref, to_ref, seg_ref, pos_ref, lse2_ref,
-                delta_ref, qs_ref, dos_ref, k_ref, v_ref, kseg_ref, dk_ref, dv_ref, scoped, *,
-                sm_scale, tiles_per_row, tiles_per_block, num_groups, num_items, grid, stages,
+def _dkv_kernel(ids_ref, first_ref, end_ref, whole_ref, seg_ref, pos_ref, lse2_ref, delta_ref,
+                qs_ref, dos_ref, k_ref, v_ref, kseg_ref, dk_ref, dv_ref, scoped, *, sm_scale,
+                tiles_per_row, tiles_per_block, num_groups, num_items, grid, stages,
                 p_in_smem):
   """dk/dv per key tile of DKV_TILE keys: each compute warpgroup holds dK, dV of its 64 keys
   in registers over the 64-row chunks of the tile's block (q and dO rows already in sorted
@@ -955,9 +955,8 @@ def _dkv_kernel(ids_ref, first_ref, end_ref, from_ref, to_ref, seg_ref, pos_ref,
   K/V (two buffers, so the next tile's load overlaps this one's chunks) and the chunks
   (`stages` slots: q, dO and the rows' lse, delta, segment and position). dK and dV leave
   through the warpgroup's half of the K/V buffer. Persistent: CTA c runs items c, c + grid,
-  ... of ids (tiles ordered by decreasing work outside). An item's chunks from from_ref[item]
-  to to_ref[item] attend its keys whole and run without the mask: three loops (masked,
-  whole, masked; dkv_items), no branch per chunk."""
+  ... of ids (tiles ordered by decreasing work outside). A chunk skips the mask for the key
+  tiles it attends whole (whole_ref [B, G, C]: the first that many tiles of its block)."""
   q_smem, do_smem, rowf_smem, rowi_smem, k_smem, v_smem, p_smem, bars = scoped
   kv_bar, kv_free, chunk_bar, chunk_free, turn = bars
   frees = _slots(kv_free, 2) + _slots(chunk_free, stages)
@@ -969,14 +968,14 @@ def _dkv_kernel(ids_ref, first_ref, end_ref, from_ref, to_ref, seg_ref, pos_ref,
     flat = ids_ref[cta + s * grid]
     bg = lax.div(flat, tiles_per_row)
     return (lax.div(bg, num_groups), lax.rem(bg, num_groups), lax.rem(flat, tiles_per_row),
-            first_ref[flat], end_ref[flat], from_ref[flat], to_ref[flat])
+            first_ref[flat], end_ref[flat])
 
   @pl.when(wg == 2)
   def _producer():
     plgpu.set_max_registers(40, action="decrease")
 
     def item_body(s, cstep):
-      b, g, n, first, end, _, _ = item_at(s)
+      b, g, n, first, end = item_at(s)
       buf = lax.rem(s, 2)
       keys = (b, pl.ds(n * DKV_TILE, DKV_TILE), g)
       with jax.named_scope("wait_kv_free"):
@@ -1013,7 +1012,7 @@ def _dkv_kernel(ids_ref, first_ref, end_ref, from_ref, to_ref, seg_ref, pos_ref,
                                             shape, [1])
 
     def item_body(s, cstep):
-      b, g, n, first, end, whole_from, whole_to = item_at(s)
+      b, g, n, first, end = item_at(s)
       buf = lax.rem(s, 2)
       kstart = n * DKV_TILE + wg * _ROWS
       kseg_KR = _per_row(kseg_ref.at[b, pl.ds(kstart, _ROWS)], shape)
@@ -1022,9 +1021,10 @@ def _dkv_kernel(ids_ref, first_ref, end_ref, from_ref, to_ref, seg_ref, pos_ref,
       with jax.named_scope("wait_kv"):
         plgpu.barrier_wait(kv_bar.at[buf])
 
-      def chunk_body(c, carry, *, masked):
+      def chunk_body(c, carry):
         dk, dv, cstep = carry
         slot = lax.rem(cstep, stages)
+        whole = lax.rem(n, tiles_per_block) < whole_ref[b, g, c]  # loaded under the waits
         with jax.named_scope("wait_chunk"):
           plgpu.barrier_wait(chunk_bar.at[slot])
         q_t, do_t = q_smem.at[slot], do_smem.at[slot]
@@ -1043,11 +1043,13 @@ def _dkv_kernel(ids_ref, first_ref, end_ref, from_ref, to_ref, seg_ref, pos_ref,
         with jax.named_scope("ds"):
           p_KR = jnp.exp2(s_KR * (sm_scale * _LOG2E) - cols(rowf_smem.at[slot, 0]))
 
-          if masked:
+          def masked(p_KR):
             seg_KR = cols(rowi_smem.at[slot, 0])
             keep = ((seg_KR == kseg_KR) & (seg_KR != 0)
                     & (kpos_KR <= cols(rowi_smem.at[slot, 1])))
-            p_KR = jnp.where(keep, p_KR, 0.0)
+            return jnp.where(keep, p_KR, 0.0)
+
+          p_KR = lax.cond(whole, lambda p_KR: p_KR, masked, p_KR)
           ds_KR = p_KR * (dp_KR - cols(rowf_smem.at[slot, 1]))
           p16, ds16 = p_KR.astype(q_t.dtype), ds_KR.astype(q_t.dtype)
           dk, dv, p16, ds16 = lax.optimization_barrier((dk, dv, p16, ds16))
@@ -1057,11 +1059,7 @@ def _dkv_kernel(ids_ref, first_ref, end_ref, from_ref, to_ref, seg_ref, pos_ref,
         return dk, dv, cstep + 1
 
       zeros = plgpu.layout_cast(jnp.zeros((_ROWS, d), jnp.float32), plgpu.Layout.WGMMA)
-      carry = (zeros, zeros, cstep)
-      for lo, hi, masked in ((first, whole_from, True), (whole_from, whole_to, False),
-                             (whole_to, end, True)):
-        carry = lax.fori_loop(lo, hi, functools.partial(chunk_body, masked=masked), carry)
-      dk, dv, cstep = carry
+      dk, dv, cstep = lax.fori_loop(first, end, chunk_body, (zeros, zeros, cstep))
       with jax.named_scope("epilogue"):
         # This warpgroup's half of the buffer is no longer read: dK and dV leave through it.
         k_w[...] = (dk * sm_scale).astype(k_w.dtype)
@@ -1076,47 +1074,6 @@ def _dkv_kernel(ids_ref, first_ref, end_ref, from_ref, to_ref, seg_ref, pos_ref,
     lax.fori_loop(0, trips, item_body, jnp.int32(0))
     finish()
     plgpu.wait_smem_to_gmem(0)
-
-
-def dkv_items(layout, segment_ids_BT, *, block_size: int, group_size: int):
-  """The dk/dv kernel's work items, one per key tile of DKV_TILE keys (flat over [B, G,
-  tiles]), as int32 arrays: ids (the items longest first, dealt round-robin to the persistent
-  CTAs); first, end (the tile's chunks: its block's, less those holding only own-block rows
-  before the tile); whole_from, whole_to (first <= whole_from <= whole_to <= end): the
-  chunks between them attend the tile whole - real rows of the keys' document, none before a
-  key - and run without the mask, those before and after it with the mask. The whole run is
-  the item's last, after its last chunk that needs the mask before it: exact on any layout;
-  with one document per row only own-block chunks come before it and a run's padded last
-  chunk after it."""
-  b, g, _ = layout.row_pos_BGL.shape
-  t = segment_ids_BT.shape[1]
-  n, per_block = t // block_size, block_size // DKV_TILE
-  skip_B1n = keys_before_tile(segment_ids_BT, block_size=block_size, tile=DKV_TILE)[:, None]
-  chunks_BGn2 = jnp.repeat(layout.block_chunks_BGN2, per_block, axis=2)
-  first = (chunks_BGn2[..., 0] + (skip_B1n * group_size) // _ROWS).reshape(-1).astype(jnp.int32)
-  end = chunks_BGn2[..., 1].reshape(-1).astype(jnp.int32)
-  ids = jnp.argsort(first - end, stable=True).astype(jnp.int32)
-  # Per chunk and key tile of its block: whether the chunk attends the tile whole (unused,
-  # padding-only chunks do not: attended_key_tiles gives them 0).
-  whole_BGC = gating.attended_key_tiles(layout.chunk_block_BGC, layout.row_seg_BGL,
-                                        layout.row_pos_BGL, segment_ids_BT, num_blocks=n,
-                                        block_rows=_ROWS, tile=DKV_TILE)
-  whole_BGCP = whole_BGC[..., None] > jnp.arange(per_block, dtype=jnp.int32)
-  c_C = jnp.arange(whole_BGC.shape[-1], dtype=jnp.int32)
-  # The block whose run holds each chunk (padding chunks too), n past the runs.
-  blk_BGC = (layout.block_chunks_BGN2[:, :, None, :, 1] <= c_C[:, None]).sum(-1,
-                                                                            dtype=jnp.int32)
-  bi, gi = jnp.arange(b)[:, None, None], jnp.arange(g)[None, :, None]
-  last_of = lambda x_BGCP: jnp.zeros((b, g, n, per_block), jnp.int32).at[bi, gi, blk_BGC].max(
-      jnp.where(x_BGCP, c_C[:, None] + 1, 0), mode="drop")
-  # One past the last whole chunk, then one past the last masked chunk before it.
-  to_BGNP = last_of(whole_BGCP)
-  to_BGCP = jnp.take_along_axis(to_BGNP, jnp.minimum(blk_BGC, n - 1)[..., None], axis=2)
-  from_BGNP = last_of(~whole_BGCP & (c_C[:, None] + 1 < to_BGCP))
-  # Chunks before first are not the item's.
-  whole_to = jnp.maximum(to_BGNP.reshape(-1), first)
-  whole_from = jnp.clip(from_BGNP.reshape(-1), first, whole_to)
-  return ids, first, end, whole_from.astype(jnp.int32), whole_to.astype(jnp.int32)
 
 
 def sorted_rows(x_BSX, layout):
@@ -1143,8 +1100,14 @@ def moba_dkv(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_id
   t = k_BTKD.shape[1]
   check_supported(q_rows.dtype, d, bs, block_size)
   _check_layout(layout, block_size, 64)
-  ids, first, end, whole_from, whole_to = dkv_items(
-      layout, segment_ids_BT, block_size=block_size, group_size=s // t // g)
+  gh = s // t // g
+  # Chunks of the tile's block, less those holding only own-block rows before the tile.
+  skip_B1n = keys_before_tile(segment_ids_BT, block_size=block_size, tile=DKV_TILE)[:, None]
+  chunks_BGn2 = jnp.repeat(layout.block_chunks_BGN2, block_size // DKV_TILE, axis=2)
+  first = (chunks_BGn2[..., 0] + (skip_B1n * gh) // _ROWS).reshape(-1).astype(jnp.int32)
+  end = chunks_BGn2[..., 1].reshape(-1).astype(jnp.int32)
+  # Longest tiles first, dealt round-robin to the persistent CTAs.
+  ids = jnp.argsort(first - end, stable=True).astype(jnp.int32)
   num_items = ids.shape[0]
   num_ctas = _grid(num_ctas, interpret)
   dt = q_rows.dtype
@@ -1173,7 +1136,10 @@ def moba_dkv(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_id
                                   jax.ShapeDtypeStruct(v_BTKD.shape, v_BTKD.dtype)],
                           name="moba_dkv_hopper", num_ctas=num_ctas, warpgroups=3,
                           interpret=interpret)
-  return call(ids, first, end, whole_from, whole_to, layout.row_seg_BGL, layout.row_pos_BGL,
+  whole = gating.attended_key_tiles(layout.chunk_block_BGC, layout.row_seg_BGL,
+                                    layout.row_pos_BGL, segment_ids_BT,
+                                    num_blocks=t // block_size, block_rows=_ROWS, tile=DKV_TILE)
+  return call(ids, first, end, whole, layout.row_seg_BGL, layout.row_pos_BGL,
               sorted_rows(lse_BS * _LOG2E, layout), sorted_rows(delta_BS, layout),
               q_rows, do_rows.astype(dt),
               k_BTKD, v_BTKD, segment_ids_BT.astype(jnp.int32))
