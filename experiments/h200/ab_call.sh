@@ -8,7 +8,7 @@
 # (persistent_forward.py ALONE_ARGS). The trees run in alternating processes, ROUNDS times
 # each, so that the spread from one process to the next shows beside the change. The first
 # round keeps every kernel's ptxas report (registers, spills, wgmma serialization: C75xx).
-# STEP=1 then runs the working tree's GPU tests and its top-3 time beside cuDNN.
+# STEP=1 then runs the working tree's GPU tests and its time beside cuDNN at k in KS (3).
 set -uo pipefail
 OUT=${OUT:?set OUT to a writable directory}
 TREES=${TREES:?set TREES to the source trees to compare}
@@ -52,9 +52,9 @@ if [ "${STEP:-0}" = 1 ]; then
   timeout 200 python3 -m pytest tests/test_moba_hopper.py -m gpu -p no:cacheprovider \
       > "$OUT/pytest.txt" 2>&1
   echo "pytest -m gpu: exit $? ($(grep -E 'passed|failed|error' "$OUT/pytest.txt" | tail -1))"
-  timeout 150 python3 experiments/bench_kernel.py --skip-check --backends mosaic --seqs 32768 \
-      --blocks 512 --ks 3 --heads h128 --out "$OUT/h128.json" > "$OUT/h128.log" 2>&1
-  echo "h128: exit $?"; grep -A4 "^kind " "$OUT/h128.log"
+  timeout 240 python3 experiments/bench_kernel.py --skip-check --backends mosaic --seqs 32768 \
+      --blocks 512 --ks ${KS:-3} --heads h128 --out "$OUT/h128.json" > "$OUT/h128.log" 2>&1
+  echo "h128: exit $?"; grep -A6 "^kind " "$OUT/h128.log"
 fi
 echo "== per run =="
 cat "$OUT/runs.txt"
