@@ -855,8 +855,9 @@ def moba_forward_rows(q_BSD, layout, k_BTKD, v_BTKD, segment_ids_BT, *, block_si
   stages do not fit its shared memory at head_dim 128. num_ctas: persistent CTAs (default:
   one per SM; four in interpret mode). overlap: each turn on the tensor cores issues a key
   step's QK^T with the previous step's PV, and the softmax runs under that PV
-  (FlashAttention-3's intra-warpgroup overlap); else (the default, 3.5% faster on the H200
-  at 16/16 heads x 128, BENCHMARKS.md) QK^T and PV take a turn each."""
+  (FlashAttention-3's intra-warpgroup overlap); else (the default: on the H200 at 16/16 heads
+  x 128 the overlap was 3.5% slower alone and no faster in the step, BENCHMARKS.md) QK^T and PV
+  take a turn each, the steps attended whole and the masked ones in two loops."""
   b, _, d = q_BSD.shape
   _, g, l = layout.row_src_BGL.shape
   _check_operands(q_BSD.dtype, d, bs)
