@@ -260,6 +260,17 @@ def test_attention_with_mosaic_kernels_matches_reference():
   assert np.all(np.asarray(got[0], np.float32)[pad] == 0)
 
 
+@pytest.mark.parametrize("num", [1, 7, 300])
+def test_longest_first_is_a_stable_descending_argsort(num, monkeypatch):
+  """dk/dv's item order, by comparisons and (past the size limit) by a sort."""
+  rng = np.random.default_rng()
+  length = rng.integers(0, 5, num).astype(np.int32)  # many ties
+  want = np.argsort(-length, kind="stable")
+  np.testing.assert_array_equal(hopper.longest_first(jnp.asarray(length)), want)
+  monkeypatch.setattr(hopper, "_RANK_BY_COMPARISON_MAX", num - 1)
+  np.testing.assert_array_equal(hopper.longest_first(jnp.asarray(length)), want)
+
+
 @pytest.mark.parametrize("dtype, d, bs, match", [
     (jnp.float32, 64, HOPPER, "bfloat16"),
     (jnp.bfloat16, 32, MobaBlockSizes(block_rows=64, block_k=32, block_k_dkv=32), "head_dim"),

@@ -9,6 +9,7 @@
 # each, so that the spread from one process to the next shows beside the change. The first
 # round keeps every kernel's ptxas report (registers, spills, wgmma serialization: C75xx).
 # STEP=1 then runs the working tree's GPU tests and its time beside cuDNN at k in KS (3).
+# HLO=1: the working tree's first trace also writes the step's optimized HLO to $OUT/hlo/.
 set -uo pipefail
 OUT=${OUT:?set OUT to a writable directory}
 TREES=${TREES:?set TREES to the source trees to compare}
@@ -21,13 +22,15 @@ for r in $(seq "$ROUNDS"); do
     tag=$(basename "$(realpath "$tree")")
     [ "$tree" = . ] && tag=work
     dump=()
+    hlo=()
+    [ "${HLO:-0}" = 1 ] && [ "$r" = 1 ] && [ "$tree" = . ] && hlo=(--hlo "$OUT/hlo")
     if [ "$r" = 1 ]; then
       mkdir -p "/tmp/dump_$tag"  # Mosaic GPU writes no dump into a folder that does not exist
       dump=(env MOSAIC_GPU_DUMP_TO="/tmp/dump_$tag" MOSAIC_GPU_DUMP_PTXAS=1)
     fi
     if [ "$MODE" = trace ]; then
       "${dump[@]}" timeout 120 python3 "$tree/experiments/trace_moba.py" --heads h128 \
-          --block 512 --k 3 --backend mosaic --reps 10 --out "$OUT/trace_${tag}_$r.json" \
+          --block 512 --k 3 --backend mosaic --reps 10 --out "$OUT/trace_${tag}_$r.json" "${hlo[@]}" \
           > "/tmp/run_${tag}_$r.log" 2>&1
       echo "trace $tag round $r: exit $?"
       head -9 "/tmp/run_${tag}_$r.log" | sed "s/^/$tag$r /" >> "$OUT/runs.txt"

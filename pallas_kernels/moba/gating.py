@@ -29,6 +29,8 @@ import numpy as np
 from jax import lax
 
 _HIGHEST = lax.Precision.HIGHEST
+# Blocks per matrix product of gate_keys (at most; a divisor of the block count).
+_GATE_KEY_GROUP = 16
 
 
 @jax.tree_util.register_dataclass
@@ -125,14 +127,22 @@ def gate_keys(k_BTKD, segment_ids_BT, *, block_size: int):
   trail_seg_BN = jnp.where(last_BN >= 0, jnp.take_along_axis(
       seg_BNP, jnp.maximum(last_BN, 0)[..., None], axis=-1)[..., 0], 0)
   in_trail_BNP = (seg_BNP == trail_seg_BN[..., None]) & (seg_BNP != 0)
-  # The masked sum as a 0/1 matmul over the block's positions (exact products, float32
-  # sums): XLA's GPU reduction of the same sum moved the position axis minor first, a
-  # float32 transpose of all of k (about 0.1 ms at S=32K, 16 x 128).
-  ksum_BNX = jnp.einsum("bnp,bnpx->bnx", in_trail_BNP.astype(k_BTKD.dtype),
-                        k_BTKD.reshape(b, n, block_size, hkv * d),
-                        preferred_element_type=jnp.float32,
-                        precision=_HIGHEST if k_BTKD.dtype == jnp.float32 else None)
-  gkey_BNGD = (ksum_BNX / jnp.maximum(in_trail_BNP.sum(-1), 1)[..., None]).reshape(b, n, hkv, d)
+  # The masked sum as a 0/1 matmul (exact products, float32 sums): XLA's GPU reduction of
+  # the same sum moved the position axis minor first, a float32 transpose of all of k (about
+  # 0.1 ms at S=32K, 16 x 128). One product per group of m consecutive blocks, its 0/1
+  # operand block-diagonal [m, m * block_size], so that each product has m rows, not one (a
+  # batch of matrix-vector products): 2 * m * T * Hkv * D multiply-adds in all, linear in T.
+  m = math.gcd(n, _GATE_KEY_GROUP)
+  eye_MM = jnp.eye(m, dtype=jnp.bool_)
+  w_BOMQ = (eye_MM[None, None, :, :, None]
+            & in_trail_BNP.reshape(b, n // m, 1, m, block_size)).reshape(
+                b, n // m, m, m * block_size)
+  ksum_BOMX = jnp.einsum("bomq,boqx->bomx", w_BOMQ.astype(k_BTKD.dtype),
+                         k_BTKD.reshape(b, n // m, m * block_size, hkv * d),
+                         preferred_element_type=jnp.float32,
+                         precision=_HIGHEST if k_BTKD.dtype == jnp.float32 else None)
+  gkey_BNGD = (ksum_BOMX.reshape(b, n, hkv * d)
+               / jnp.maximum(in_trail_BNP.sum(-1), 1)[..., None]).reshape(b, n, hkv, d)
   return gkey_BNGD, trail_seg_BN.astype(jnp.int32)
 
 
@@ -289,23 +299,36 @@ def moba_coverage(q_BTHD, k_BTKD, segment_ids_BT, budget_B, *, block_size: int, 
   return jnp.where(n_B > 0, (per_token_BT * nonpad_BT).sum(-1) / jnp.maximum(n_B, 1), 1.0)
 
 
-def _count_reads_up_to(sel_BGTK, n: int, chunk: int = 128) -> jax.Array:
-  """[B, G, T, N] int32: how many tokens <= t read block j (inclusive cumsum over t).
+def _read_ranks(sel_BGTK, n: int, chunk: int = 128) -> tuple[jax.Array, jax.Array]:
+  """For every (token, slot): how many earlier tokens of the (row, group) read the slot's
+  block (int32 [B, G, T, K]; meaningless on unused slots), and how many tokens read each
+  block (int32 [B, G, N]).
 
-  Computed per chunk of tokens as a lower-triangular 0/1 matmul (exact: counts
-  <= chunk in float32) plus a short cumsum of chunk totals, instead of one scan
-  over all T tokens.
+  Per chunk of tokens, a running count of each block's readers as a lower-triangular 0/1
+  matmul (bf16 out: every partial sum is an integer <= chunk <= 256, so exact), read at each
+  slot's block, plus the readers in the chunks before it (a short cumsum of chunk totals).
+  (Counting by comparisons instead - the chunk's reads by block, each slot against the
+  chunk's earlier slots - ran 2-8x slower on the H200 as XLA fused it; BENCHMARKS.md.)
   """
-  b, g, t, _ = sel_BGTK.shape
+  b, g, t, k = sel_BGTK.shape
   p = math.gcd(t, chunk)
+  c = t // p
+  if p > 256:
+    raise ValueError(f"chunk={chunk}: counts past 256 are not exact in bf16")
   reads_BGCPN = (sel_BGTK[..., None] == jnp.arange(n, dtype=jnp.int32)).any(axis=3).astype(
-      jnp.bfloat16).reshape(b, g, t // p, p, n)
+      jnp.bfloat16).reshape(b, g, c, p, n)
   tri_PQ = (jnp.arange(p)[:, None] >= jnp.arange(p)[None, :]).astype(jnp.bfloat16)
   within_BGCPN = jnp.einsum("pq,bgcqn->bgcpn", tri_PQ, reads_BGCPN,
-                            preferred_element_type=jnp.float32).astype(jnp.int32)
-  totals_BGCN = within_BGCPN[:, :, :, -1]
-  before_BGCN = jnp.cumsum(totals_BGCN, axis=2) - totals_BGCN
-  return (within_BGCPN + before_BGCN[:, :, :, None]).reshape(b, g, t, n)
+                            preferred_element_type=jnp.bfloat16)
+  totals_BGCN = within_BGCPN[:, :, :, -1].astype(jnp.int32)
+  before_BGCN = jnp.cumsum(totals_BGCN, axis=2, dtype=jnp.int32) - totals_BGCN
+  blk_BGTK = jnp.minimum(sel_BGTK, n - 1)
+  # Inclusive of the token itself, which reads the block on every used slot.
+  upto_BGTK = jnp.take_along_axis(within_BGCPN.reshape(b, g, t, n), blk_BGTK, axis=3)
+  before_BGTK = jnp.take_along_axis(before_BGCN, blk_BGTK.reshape(b, g, c, p * k),
+                                    axis=3).reshape(b, g, t, k)
+  return (upto_BGTK.astype(jnp.int32) - 1 + before_BGTK,
+          before_BGCN[:, :, -1] + totals_BGCN[:, :, -1])
 
 
 def build_kv_layout(sel: MobaSelection, segment_ids_BT: jax.Array, *, num_blocks: int,
@@ -313,9 +336,8 @@ def build_kv_layout(sel: MobaSelection, segment_ids_BT: jax.Array, *, num_blocks
                     pad_rows: int | None = None) -> MobaKVLayout:
   """Transpose the selection into the KV-centric sorted-row layout the kernels read.
 
-  Sort-free: a token's rank among the tokens that read block j is a count over
-  the (token, block) selection bitmap (see _count_reads_up_to), a few passes over
-  [T, N] instead of a sort of T * k_max keys. mark_full=False leaves chunk_full_BGC all
+  Sort-free: a token's rank among the tokens that read block j is a count (see
+  _read_ranks), not a sort of T * k_max keys. mark_full=False leaves chunk_full_BGC all
   zero (every chunk masked) and skips computing it: for kernels that do not skip masks.
   pad_rows (a multiple of block_rows; default block_rows): each block's run is padded to a
   multiple of it, so that runs of pad_rows rows also read one block each (the Hopper
@@ -328,14 +350,12 @@ def build_kv_layout(sel: MobaSelection, segment_ids_BT: jax.Array, *, num_blocks
   if pad % r:
     raise ValueError(f"pad_rows={pad} must be a multiple of block_rows={r}")
   cap_rows = -(-(t * kmax * gh + n * (pad - 1)) // pad) * pad
-  csum_BGTN = _count_reads_up_to(sel_BGTK, n)
-  cnt_BGN = csum_BGTN[:, :, -1]
+  rank_BGTK, cnt_BGN = _read_ranks(sel_BGTK, n)
   padded_BGN = -(-(cnt_BGN * gh) // pad) * pad
   row_end_BGN = jnp.cumsum(padded_BGN, axis=-1).astype(jnp.int32)
   row_start_BGN = row_end_BGN - padded_BGN
   used_BGTK = sel_BGTK < n
   blk_BGTK = jnp.minimum(sel_BGTK, n - 1)
-  rank_BGTK = jnp.take_along_axis(csum_BGTN, blk_BGTK, axis=3) - 1
   start_BGTK = jnp.take_along_axis(row_start_BGN[:, :, None, :], blk_BGTK, axis=3)
   entry_row_BGTK = jnp.where(used_BGTK, start_BGTK + rank_BGTK * gh, cap_rows).astype(jnp.int32)
   # Inverse map: each row's (token, head) as token * Gh + head; -1 on padding rows.
