@@ -324,9 +324,11 @@ def _read_ranks(sel_BGTK, n: int, chunk: int = 128) -> tuple[jax.Array, jax.Arra
   before_BGCN = jnp.cumsum(totals_BGCN, axis=2, dtype=jnp.int32) - totals_BGCN
   blk_BGTK = jnp.minimum(sel_BGTK, n - 1)
   # Inclusive of the token itself, which reads the block on every used slot.
-  upto_BGTK = jnp.take_along_axis(within_BGCPN.reshape(b, g, t, n), blk_BGTK, axis=3)
-  before_BGTK = jnp.take_along_axis(before_BGCN, blk_BGTK.reshape(b, g, c, p * k),
-                                    axis=3).reshape(b, g, t, k)
+  # (Block ids in range: sel_BGTK >= 0, clamped below n.)
+  upto_BGTK = jnp.take_along_axis(within_BGCPN.reshape(b, g, t, n), blk_BGTK, axis=3,
+                                  mode="promise_in_bounds")
+  before_BGTK = jnp.take_along_axis(before_BGCN, blk_BGTK.reshape(b, g, c, p * k), axis=3,
+                                    mode="promise_in_bounds").reshape(b, g, t, k)
   return (upto_BGTK.astype(jnp.int32) - 1 + before_BGTK,
           before_BGCN[:, :, -1] + totals_BGCN[:, :, -1])
 
@@ -356,7 +358,8 @@ def build_kv_layout(sel: MobaSelection, segment_ids_BT: jax.Array, *, num_blocks
   row_start_BGN = row_end_BGN - padded_BGN
   used_BGTK = sel_BGTK < n
   blk_BGTK = jnp.minimum(sel_BGTK, n - 1)
-  start_BGTK = jnp.take_along_axis(row_start_BGN[:, :, None, :], blk_BGTK, axis=3)
+  start_BGTK = jnp.take_along_axis(row_start_BGN[:, :, None, :], blk_BGTK, axis=3,
+                                   mode="promise_in_bounds")
   entry_row_BGTK = jnp.where(used_BGTK, start_BGTK + rank_BGTK * gh, cap_rows).astype(jnp.int32)
   # Inverse map: each row's (token, head) as token * Gh + head; -1 on padding rows.
   rows_BGE = (entry_row_BGTK[..., None] + jnp.arange(gh, dtype=jnp.int32)).reshape(b, g, -1)
@@ -371,7 +374,8 @@ def build_kv_layout(sel: MobaSelection, segment_ids_BT: jax.Array, *, num_blocks
   has_tok_BGL = src_BGL >= 0
   row_src_BGL = jnp.maximum(src_BGL, 0)
   tok_BGL = row_src_BGL // hq
-  seg_BGL = jnp.take_along_axis(segment_ids_BT[:, None, :].astype(jnp.int32), tok_BGL, axis=-1)
+  seg_BGL = jnp.take_along_axis(segment_ids_BT[:, None, :].astype(jnp.int32), tok_BGL, axis=-1,
+                                mode="promise_in_bounds")
   row_seg_BGL = jnp.where(has_tok_BGL, seg_BGL, 0)
   num_chunks = cap_rows // r
   chunk_start_C = jnp.arange(num_chunks, dtype=jnp.int32) * r
