@@ -36,6 +36,29 @@ def ranks_running_count(sel_BGTK, n, chunk=128):
   return rank_BGTK, csum_BGTN[:, :, -1]
 
 
+def ranks_slot_onehot(sel_BGTK, n, chunk=128):
+  """_read_ranks with the running count's product over (token, slot) pairs of a one-hot of
+  each slot's block (a compare XLA may fuse into the product's operand) instead of over
+  tokens of a per-token any-of-slots bitmap."""
+  b, g, t, k = sel_BGTK.shape
+  p = math.gcd(t, chunk)
+  c = t // p
+  onehot_BGCQKN = (sel_BGTK.reshape(b, g, c, p, k)[..., None]
+                   == jnp.arange(n, dtype=jnp.int32)).astype(jnp.bfloat16)
+  tri_PQ = (jnp.arange(p)[:, None] >= jnp.arange(p)[None, :]).astype(jnp.bfloat16)
+  within_BGCPN = jnp.einsum("pq,bgcqkn->bgcpn", tri_PQ, onehot_BGCQKN,
+                            preferred_element_type=jnp.bfloat16)
+  totals_BGCN = within_BGCPN[:, :, :, -1].astype(jnp.int32)
+  before_BGCN = jnp.cumsum(totals_BGCN, axis=2, dtype=jnp.int32) - totals_BGCN
+  blk_BGTK = jnp.minimum(sel_BGTK, n - 1)
+  upto_BGTK = jnp.take_along_axis(within_BGCPN.reshape(b, g, t, n), blk_BGTK, axis=3,
+                                  mode="promise_in_bounds")
+  before_BGTK = jnp.take_along_axis(before_BGCN, blk_BGTK.reshape(b, g, c, p * k), axis=3,
+                                    mode="promise_in_bounds").reshape(b, g, t, k)
+  return (upto_BGTK.astype(jnp.int32) - 1 + before_BGTK,
+          before_BGCN[:, :, -1] + totals_BGCN[:, :, -1])
+
+
 def _chunk(t, k, compares):
   return math.gcd(t, max(1, 1 << ((compares // k).bit_length() - 1)))
 
@@ -113,7 +136,8 @@ def main():
     used = np.asarray(sel_BGTK < n)
     want_rank, want_total = jax.jit(gating._read_ranks, static_argnums=1)(sel_BGTK, n)
     variants = {"running count (tri product)": ranks_running_count,
-                "_read_ranks (as committed)": gating._read_ranks}
+                "_read_ranks (as committed)": gating._read_ranks,
+                "running count over (token, slot) one-hots": ranks_slot_onehot}
     for reads_name, reads in (("compare", reads_compare), ("minor", reads_minor),
                               ("scatter", reads_scatter)):
       for compares in (64, 128):
