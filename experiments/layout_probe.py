@@ -48,15 +48,7 @@ def ranks_slot_onehot(sel_BGTK, n, chunk=128):
   tri_PQ = (jnp.arange(p)[:, None] >= jnp.arange(p)[None, :]).astype(jnp.bfloat16)
   within_BGCPN = jnp.einsum("pq,bgcqkn->bgcpn", tri_PQ, onehot_BGCQKN,
                             preferred_element_type=jnp.bfloat16)
-  totals_BGCN = within_BGCPN[:, :, :, -1].astype(jnp.int32)
-  before_BGCN = jnp.cumsum(totals_BGCN, axis=2, dtype=jnp.int32) - totals_BGCN
-  blk_BGTK = jnp.minimum(sel_BGTK, n - 1)
-  upto_BGTK = jnp.take_along_axis(within_BGCPN.reshape(b, g, t, n), blk_BGTK, axis=3,
-                                  mode="promise_in_bounds")
-  before_BGTK = jnp.take_along_axis(before_BGCN, blk_BGTK.reshape(b, g, c, p * k), axis=3,
-                                    mode="promise_in_bounds").reshape(b, g, t, k)
-  return (upto_BGTK.astype(jnp.int32) - 1 + before_BGTK,
-          before_BGCN[:, :, -1] + totals_BGCN[:, :, -1])
+  return gating.ranks_from_counts(within_BGCPN, sel_BGTK)
 
 
 def _chunk(t, k, compares):

@@ -320,6 +320,14 @@ def _read_ranks(sel_BGTK, n: int, chunk: int = 128) -> tuple[jax.Array, jax.Arra
   tri_PQ = (jnp.arange(p)[:, None] >= jnp.arange(p)[None, :]).astype(jnp.bfloat16)
   within_BGCPN = jnp.einsum("pq,bgcqn->bgcpn", tri_PQ, reads_BGCPN,
                             preferred_element_type=jnp.bfloat16)
+  return ranks_from_counts(within_BGCPN, sel_BGTK)
+
+
+def ranks_from_counts(within_BGCPN, sel_BGTK) -> tuple[jax.Array, jax.Array]:
+  """_read_ranks' outputs from each chunk's running count of each block's readers
+  (inclusive, [B, G, C, P, N], exact in its dtype) and the selection [B, G, T, K]."""
+  b, g, c, p, n = within_BGCPN.shape
+  t, k = sel_BGTK.shape[2:]
   totals_BGCN = within_BGCPN[:, :, :, -1].astype(jnp.int32)
   before_BGCN = jnp.cumsum(totals_BGCN, axis=2, dtype=jnp.int32) - totals_BGCN
   blk_BGTK = jnp.minimum(sel_BGTK, n - 1)
