@@ -57,7 +57,6 @@ def _chunk(t, k, compares):
 
 def reads_compare(sel_BGCX, n):
   """[B, G, C, N]: reads of each block per chunk, a sum of compares over the chunk's slots."""
-  b, g, c, x = sel_BGCX.shape
   return (sel_BGCX[..., None] == jnp.arange(n, dtype=jnp.int32)).sum(axis=3, dtype=jnp.int32)
 
 

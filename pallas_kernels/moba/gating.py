@@ -299,22 +299,25 @@ def moba_coverage(q_BTHD, k_BTKD, segment_ids_BT, budget_B, *, block_size: int, 
   return jnp.where(n_B > 0, (per_token_BT * nonpad_BT).sum(-1) / jnp.maximum(n_B, 1), 1.0)
 
 
-def _read_ranks(sel_BGTK, n: int, chunk: int = 128) -> tuple[jax.Array, jax.Array]:
+# Tokens per chunk of _read_ranks' running count: at most 256, so that every count is exact
+# in its bf16 product.
+_RANK_CHUNK = 128
+
+
+def _read_ranks(sel_BGTK, n: int) -> tuple[jax.Array, jax.Array]:
   """For every (token, slot): how many earlier tokens of the (row, group) read the slot's
   block (int32 [B, G, T, K]; meaningless on unused slots), and how many tokens read each
   block (int32 [B, G, N]).
 
   Per chunk of tokens, a running count of each block's readers as a lower-triangular 0/1
-  matmul (bf16 out: every partial sum is an integer <= chunk <= 256, so exact), read at each
+  matmul (bf16 out: every partial sum is an integer <= _RANK_CHUNK, so exact), read at each
   slot's block, plus the readers in the chunks before it (a short cumsum of chunk totals).
   (Counting by comparisons instead - the chunk's reads by block, each slot against the
   chunk's earlier slots - ran 2-8x slower on the H200 as XLA fused it; BENCHMARKS.md.)
   """
   b, g, t, k = sel_BGTK.shape
-  p = math.gcd(t, chunk)
+  p = math.gcd(t, _RANK_CHUNK)
   c = t // p
-  if p > 256:
-    raise ValueError(f"chunk={chunk}: counts past 256 are not exact in bf16")
   reads_BGCPN = (sel_BGTK[..., None] == jnp.arange(n, dtype=jnp.int32)).any(axis=3).astype(
       jnp.bfloat16).reshape(b, g, c, p, n)
   tri_PQ = (jnp.arange(p)[:, None] >= jnp.arange(p)[None, :]).astype(jnp.bfloat16)
