@@ -7,7 +7,8 @@ Command:
 
 Presets:
   gpu: a Qwen2.5-0.5B-shaped decoder (24 layers, d 896, 14/2 heads, head_dim 64, SwiGLU 4864,
-       RoPE theta 1e6) at 32K context, MoBA block 512, base top-k 3, on one H200 or more.
+       RoPE theta 1e6) at 32K context, MoBA block 512, base top-k 3, on one H200 or more
+       (the Hopper MoBA kernels; on other GPUs add --config.attention.moba_backend=triton).
   cpu: the same architecture scaled down (4 layers, d 128, 4/2 heads x 32) at 1K context,
        block 64, on 2 host devices (data=2) so that the per-shard budgets are visible. It runs
        120 steps in about 1.5 minutes on 2 cores (MoBA in Pallas interpret mode); the loss
@@ -58,9 +59,9 @@ def get_config(preset: str = "auto") -> ml_collections.ConfigDict:
     a.layer_budget_scale = ()  # Optional per-layer budget multipliers (one per layer) or empty.
     a.interpret = not gpu  # Run Pallas kernels in interpret mode (CPU).
     # MoBA kernels (forward, dq, dk/dv): triton (Pallas Triton, any GPU and CPU interpret mode)
-    # or mosaic (Hopper, bf16, head_dim 64 or 128, block_size % 128 == 0; faster at head_dim
-    # 128, slower at 64: BENCHMARKS.md).
-    a.moba_backend = "triton"
+    # or mosaic (Hopper only: bf16, head_dim 64 or 128, block_size % 128 == 0). The gpu preset's
+    # train step is 4% faster with mosaic on an H200 (BENCHMARKS.md); other GPUs need triton.
+    a.moba_backend = "mosaic" if gpu else "triton"
 
     c.data = d = ml_collections.ConfigDict()
     d.seed = 0  # Seed of document sampling and batching.

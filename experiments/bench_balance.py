@@ -121,7 +121,7 @@ def main(argv):
         ema_decay=b.ema_decay, repeats=_REPEATS.value, bus_bytes_per_s=_BUS.value * 1e9,
         seed=_SEED.value)
     device = jax.devices()[0]
-    shape = latency.LayerShape.from_model_config(cfg.model, _BLOCK.value)
+    shape = latency.LayerShape.from_configs(cfg.model, cfg.attention)
     kind = "profiled" if _TABLE.value else "analytic"
     cost_model = latency.make_latency_model(kind, shape, table_dir=_TABLE.value,
                                             device_kind=device.device_kind)

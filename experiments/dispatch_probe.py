@@ -17,7 +17,10 @@ process). With --compare it times, in this one process and interleaved round by 
 that the GPU's clocks and the process's state drift alike for all), the step under each
 --compile-options set (XLA's per-program options, `jax.jit(compiler_options=)`) and the step
 with the gating precomputed (its kernels and glue only): what the program's structure, not
-the process, costs a synchronised call.
+the process, costs a synchronised call. With --pipeline-rounds it only compares, round by
+round, back-to-back calls of the step and of cuDNN's dense step timed by wall clock untraced
+and traced, against the GPU's span and each kernel kind's time in the trace (sustained
+back-to-back work runs the GPU at its power limit, at lower clocks than single calls see).
 """
 
 from __future__ import annotations
@@ -29,12 +32,13 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 
 import jax
 import jax.numpy as jnp
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from experiments.bench_kernel import add_point_args, point_inputs, step_gating  # noqa: E402
+from experiments.bench_kernel import add_point_args, fwd_bwd, point_inputs, step_gating  # noqa: E402
 from experiments.trace_moba import (_gpu_threads, host_event_times, load_trace,  # noqa: E402
                                     stream_kernels)
 from pallas_kernels.moba import MobaBlockSizes, gating, moba_attention  # noqa: E402
@@ -191,6 +195,63 @@ def traced_synchronised(fn, operands, calls: int):
     return load_trace(log_dir)
 
 
+def _kernel_kind(name: str) -> str:
+  for kind in ("fwd", "dq", "dkv"):
+    if f"moba_{kind}_" in name:
+      return kind
+  return "cudnn" if "cudnn" in name.lower() or "flash" in name.lower() else "xla"
+
+
+def pipeline_rounds(fns, rounds: int, calls: int) -> dict:
+  """Per call in fns and per round, alternating: `calls` back-to-back calls timed by wall
+  clock untraced, the same traced (wall clock, and the GPU's span, busy time and kernel time
+  per step from the trace, by kernel kind), and a synchronised median of `calls`. Tells
+  apart the GPU's time per step from what a back-to-back wall clock adds to it, in one
+  process."""
+  out = {name: [] for name in fns}
+  for fn, operands in fns.values():
+    jax.block_until_ready(fn(*operands))
+  for r in range(rounds):
+    for name, (fn, operands) in fns.items():
+      row = {"pipelined_ms": 1e3 * time_pipelined(fn, *operands, calls=calls, repeats=1)}
+      with tempfile.TemporaryDirectory() as log_dir:
+        with jax.profiler.trace(log_dir):
+          start = time.perf_counter()
+          res = None
+          for _ in range(calls):
+            res = fn(*operands)
+          jax.block_until_ready(res)
+          row["traced_wall_ms"] = 1e3 * (time.perf_counter() - start) / calls
+        kernels = stream_kernels(load_trace(log_dir))
+      if kernels:  # none without a GPU
+        row.update(timeline_of(kernels, calls))
+      by_kind = collections.defaultdict(float)
+      for a, b, kname in kernels:
+        by_kind[_kernel_kind(kname)] += (b - a) / calls / 1e3
+      row["kernel_ms_by_kind"] = dict(by_kind)
+      row["sync_ms"] = 1e3 * time_call(fn, *operands, warmup=1, repeats=calls)
+      out[name].append(row)
+      nan = float("nan")
+      print(f"  round {r} {name:6s} back to back {row['pipelined_ms']:7.3f} ms/call, traced "
+            f"{row['traced_wall_ms']:7.3f} (GPU span {row.get('span_ms_per_step', nan):.3f}, "
+            f"busy {row.get('busy_ms_per_step', nan):.3f}, idle "
+            f"{row.get('idle_ms_per_step', nan):.3f}; kernels "
+            + ", ".join(f"{k} {v:.3f}" for k, v in sorted(by_kind.items()))
+            + f"), synchronised {row['sync_ms']:7.3f}", flush=True)
+  return out
+
+
+def timeline_of(kernels, steps: int) -> dict:
+  """Span, busy and idle per step (ms) of back-to-back steps' stream kernels."""
+  end, busy = kernels[0][1], kernels[0][1] - kernels[0][0]
+  for start, stop, _ in kernels[1:]:
+    busy += max(0.0, stop - max(start, end))
+    end = max(end, stop)
+  span = end - kernels[0][0]
+  return {"span_ms_per_step": span / steps / 1e3, "busy_ms_per_step": busy / steps / 1e3,
+          "idle_ms_per_step": (span - busy) / steps / 1e3}
+
+
 def sync_phases(trace: dict) -> dict:
   """Each synchronised call cut in three on the trace's one clock: from the jitted call's
   start on the host to its first kernel's start on the GPU (dispatch), the GPU's span, and
@@ -234,6 +295,9 @@ def main():
                  help="XLA compile options for --compare, 'name=value;name=value' (e.g. "
                       "xla_gpu_graph_min_graph_size=100000); repeat for more sets")
   p.add_argument("--rounds", type=int, default=7, help="--compare's rounds")
+  p.add_argument("--pipeline-rounds", type=int, default=0, metavar="N",
+                 help="only N alternating rounds of back-to-back calls of the step and of "
+                      "cuDNN's, untraced and traced (wall clock against the GPU's span)")
   p.add_argument("--interpret", action="store_true", help="Pallas interpret mode (CPU smoke)")
   p.add_argument("--timings-only", action="store_true", help=argparse.SUPPRESS)
   p.add_argument("--out", default=None)
@@ -243,6 +307,18 @@ def main():
     print(f"synchronised, {args.rounds} interleaved rounds of {args.reps} calls:", flush=True)
     result = {"compare": interleaved(compare_calls(args, args.compile_options), args.rounds,
                                      args.reps)}
+    if args.out:
+      with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+    return
+  if args.pipeline_rounds:
+    print(f"{args.pipeline_rounds} rounds of {args.calls} calls back to back:", flush=True)
+    fns = {"step": calls(args)["step"]}
+    if not args.interpret:
+      _, q, k, v, do, _, _ = point_inputs(args)
+      fns["cudnn"] = (fwd_bwd(lambda q, k, v: jax.nn.dot_product_attention(
+          q, k, v, implementation="cudnn", is_causal=True)), (q, k, v, do))
+    result = {"pipeline_rounds": pipeline_rounds(fns, args.pipeline_rounds, args.calls)}
     if args.out:
       with open(args.out, "w") as f:
         json.dump(result, f, indent=1)

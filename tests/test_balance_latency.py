@@ -1,5 +1,6 @@
 """Latency models: analytic block counts, table interpolation, missing-table error, EMA."""
 
+import dataclasses
 import json
 
 import numpy as np
@@ -111,6 +112,27 @@ def test_table_round_trip_and_missing_table_names_the_command(tmp_path):
         latency.ProfiledLatencyModel.load(folder, "NVIDIA H200", SHAPE)
     with open(path) as f:
         assert json.load(f)["device_kind"] == "cpu"
+    # A table measured with other attention kernels is not this one's.
+    with pytest.raises(FileNotFoundError, match="moba_mosaic"):
+        latency.ProfiledLatencyModel.load(folder, "cpu",
+                                          dataclasses.replace(SHAPE, kernels="moba_mosaic"))
+
+
+def test_layer_shape_keys_the_attention_kernels():
+    from sparsebalance_jax.config import AttentionConfig, ModelConfig
+
+    model_cfg = ModelConfig(vocab_size=128, num_layers=1, d_model=64, num_heads=4, num_kv_heads=2,
+                            head_dim=16, mlp_dim=128, rope_theta=1e4, rms_eps=1e-6,
+                            param_dtype="float32", compute_dtype="bfloat16", remat=False)
+    attention = AttentionConfig(implementation="moba", block_size=16, budget=1,
+                                budget_buckets=(2,), layer_budget_scale=(), interpret=True,
+                                moba_backend="mosaic")
+    shape = latency.LayerShape.from_configs(model_cfg, attention)
+    assert shape.key() == "d64_h4_kv2_hd16_mlp128_blk16_moba_mosaic"
+    dense = dataclasses.replace(attention, implementation="cudnn")
+    assert latency.LayerShape.from_configs(model_cfg, dense).kernels == "cudnn"
+    with pytest.raises(ValueError, match="kernels"):
+        dataclasses.replace(shape, kernels="moba mosaic")
 
 
 def test_ema_correction_first_sets_then_blends_and_round_trips():
@@ -158,7 +180,7 @@ def test_profile_layer_makes_a_loadable_table(tmp_path):
                                     moba_backend="triton")
     table = profiling.profile_layer(model_cfg, attention_cfg, (16, 32), (1, 2), repeats=1,
                                     log=lambda _: None)
-    assert table.shape.key() == "d32_h2_kv1_hd16_mlp64_blk16"
+    assert table.shape.key() == "d32_h2_kv1_hd16_mlp64_blk16_reference"
     latency.save_table(str(tmp_path), table)
     model = latency.ProfiledLatencyModel.load(str(tmp_path), table.device_kind, table.shape)
     assert model.predict([32], 2) == pytest.approx(table.seconds_LK[1][1], rel=1e-12)

@@ -291,6 +291,19 @@ def test_unsupported_arguments_are_errors(dtype, d, bs, match):
                    backend="cuda", interpret=True)
 
 
+def test_compiled_kernels_off_hopper_are_an_error():
+  """Compiled (not interpreted) Mosaic GPU kernels need a Hopper GPU; on any other device the
+  call says so instead of failing in the lowering."""
+  from pallas_kernels.moba import moba_attention
+  device = jax.devices()[0]
+  if device.platform == "gpu" and str(device.compute_capability).startswith("9"):
+    pytest.skip("a Hopper GPU runs the compiled kernels (test_gpu_compiled_mosaic_kernels_...)")
+  q, k, v, _ = make_inputs(np.random.default_rng(), 1, 256, 2, 2, 64, jnp.bfloat16)
+  with pytest.raises(ValueError, match="Hopper"):
+    moba_attention(q, k, v, jnp.ones((1, 256), jnp.int32), jnp.asarray([2]), block_size=128,
+                   k_max=2, block_sizes=HOPPER, backend="mosaic", interpret=False)
+
+
 @pytest.mark.parametrize("stages", [1, (3, 1), (1, 2)])
 def test_fewer_than_two_stages_is_an_error(stages):
   """Each K/V stream needs two slots (one filling while one is read)."""

@@ -209,6 +209,7 @@ def moba_attention(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, budget_B, *, block_si
   bs.check(block_size)
   if backend == "mosaic":
     hopper.check_supported(q_BTHD.dtype, q_BTHD.shape[-1], bs, block_size)
+    hopper.check_device(interpret)
   segment_ids_BT = segment_ids_BT.astype(jnp.int32)
   ok_B = gating.check_budget(budget_B, k_max=k_max)
   sel, layout = gate_and_layout(q_BTHD, k_BTKD, segment_ids_BT, budget_B, block_size=block_size,

@@ -88,6 +88,19 @@ def _check_operands(q_dtype, head_dim: int, bs: MobaBlockSizes) -> None:
                      f"{bs.block_rows}")
 
 
+def check_device(interpret) -> None:
+  """Raises unless the kernels can run where they are called: compiled, on a Hopper GPU
+  (compute capability 9.x: wgmma and TMA); interpret mode runs anywhere."""
+  if interpret:
+    return
+  device = jax.devices()[0]
+  if device.platform != "gpu" or not str(getattr(device, "compute_capability", "")).startswith(
+      "9"):
+    raise ValueError(f"the Mosaic GPU kernels (backend='mosaic') run compiled on Hopper GPUs "
+                     f"(compute capability 9.x), not on {device.device_kind!r} "
+                     f"({device.platform}): use backend='triton' or interpret=True")
+
+
 def _interpret_params(interpret):
   """interpret: False (compile), True (GPU interpret mode) or the interpreter's own
   parameters (e.g. plgpu.InterpretGPUParams(detect_races=True), as the tests run it)."""

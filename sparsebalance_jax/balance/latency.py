@@ -18,8 +18,9 @@ imbalance ratios (every shard pays it) but not which assignment is best.
   work of a document with nb = ceil(n / block) blocks is, per query block i, min(k, i + 1)
   key blocks (top-(k-1) earlier blocks plus its own), plus gate scoring of the i earlier blocks.
 - `ProfiledLatencyModel`: a table of measured doc_seconds(n, k) on one device and layer shape
-  (made by `python -m experiments.profile_latency`; one JSON file per device kind and layer shape in a
-  tables folder), bilinear interpolation in (length, budget).
+  (made by `python -m experiments.profile_latency`; one JSON file per device kind and layer
+  shape, the attention's kernels included, in a tables folder), bilinear interpolation in
+  (length, budget).
 - `EmaCorrection`: per shard, an EMA of measured / predicted ratios that scales predictions
   (FLOP counts and even tables drift from the real step: launch overheads, the collective,
   thermal state), with a checkpointable state dict.
@@ -40,7 +41,8 @@ PROFILE_COMMAND = "python -m experiments.profile_latency --config=configs/longbe
 
 @dataclasses.dataclass(frozen=True)
 class LayerShape:
-    """The shape of one decoder layer: what a latency table is keyed by (with the device)."""
+    """The shape of one decoder layer and the attention kernels it runs: what a latency table
+    is keyed by (with the device). The analytic model reads only the shape."""
 
     d_model: int
     num_heads: int
@@ -48,25 +50,32 @@ class LayerShape:
     head_dim: int
     mlp_dim: int
     block_size: int
+    kernels: str = "moba_triton"  # The attention's kernels: moba_<backend>, cudnn, reference.
 
     def __post_init__(self):
         for field in dataclasses.fields(self):
-            if getattr(self, field.name) <= 0:
+            if field.name != "kernels" and getattr(self, field.name) <= 0:
                 raise ValueError(f"LayerShape.{field.name} must be positive")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"LayerShape.num_heads={self.num_heads} is not a multiple of "
                              f"num_kv_heads={self.num_kv_heads}")
+        if not self.kernels.isidentifier():
+            raise ValueError(f"LayerShape.kernels={self.kernels!r} is not a name")
 
     @classmethod
-    def from_model_config(cls, model_cfg: Any, block_size: int) -> LayerShape:
-        """From any object with the model config's field names (`sparsebalance_jax.config`)."""
+    def from_configs(cls, model_cfg: Any, attention_cfg: Any) -> LayerShape:
+        """From any objects with the model and attention configs' field names
+        (`sparsebalance_jax.config`)."""
+        kernels = (f"moba_{attention_cfg.moba_backend}" if attention_cfg.implementation == "moba"
+                   else attention_cfg.implementation)
         return cls(d_model=model_cfg.d_model, num_heads=model_cfg.num_heads,
                    num_kv_heads=model_cfg.num_kv_heads, head_dim=model_cfg.head_dim,
-                   mlp_dim=model_cfg.mlp_dim, block_size=block_size)
+                   mlp_dim=model_cfg.mlp_dim, block_size=attention_cfg.block_size,
+                   kernels=kernels)
 
     def key(self) -> str:
         return (f"d{self.d_model}_h{self.num_heads}_kv{self.num_kv_heads}_hd{self.head_dim}"
-                f"_mlp{self.mlp_dim}_blk{self.block_size}")
+                f"_mlp{self.mlp_dim}_blk{self.block_size}_{self.kernels}")
 
 
 def num_blocks(lengths_N: np.ndarray, block_size: int) -> np.ndarray:

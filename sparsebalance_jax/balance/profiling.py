@@ -71,7 +71,7 @@ def profile_layer(model_cfg: ModelConfig, attention_cfg: AttentionConfig,
                             jnp.ones((1,), jnp.int32), repeats=repeats)
     log(f"padding row of {n}: {1e3 * pad_seconds:9.3f} ms")
     return LatencyTable(device_kind=jax.devices()[0].device_kind,
-                        shape=LayerShape.from_model_config(model_cfg, block),
+                        shape=LayerShape.from_configs(model_cfg, attention_cfg),
                         lengths=tuple(int(n) for n in lengths),
                         budgets=tuple(int(k) for k in budgets), seconds_LK=tuple(seconds_LK),
                         pad_seconds_per_token=pad_seconds / n)

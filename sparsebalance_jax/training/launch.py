@@ -42,7 +42,7 @@ def latency_model(cfg: Config):
     """The cost model the batcher and the tuner price work with (see balance/latency.py)."""
     from sparsebalance_jax.balance import latency
 
-    shape = latency.LayerShape.from_model_config(cfg.model, cfg.attention.block_size)
+    shape = latency.LayerShape.from_configs(cfg.model, cfg.attention)
     return latency.make_latency_model(cfg.balance.latency_model, shape,
                                       table_dir=cfg.balance.latency_table,
                                       device_kind=jax.devices()[0].device_kind)
