@@ -4,7 +4,8 @@
 #   git archive <commit> pallas_kernels experiments | tar -x -C ab_base
 #   TREES="ab_base ." bash experiments/h200/ab_call.sh
 # MODE=trace (default): the GPU time of every kernel of a top-3 forward+backward step
-# (trace_moba.py, 16/16 x 128, S=32K, block 512); MODE=alone: the kernels timed alone
+# (trace_moba.py, 16/16 x 128, S=32K, block 512; TRACE_ARGS overrides the point, e.g.
+# "--heads h64 --block 512 --k 3"); MODE=alone: the kernels timed alone
 # (persistent_forward.py ALONE_ARGS). The trees run in alternating processes, ROUNDS times
 # each, so that the spread from one process to the next shows beside the change. The first
 # round keeps every kernel's ptxas report (registers, spills, wgmma serialization: C75xx).
@@ -17,6 +18,7 @@ export PYTHONUNBUFFERED=1
 ROUNDS=${ROUNDS:-2}
 MODE=${MODE:-trace}
 ALONE_ARGS=${ALONE_ARGS:-"--configs 128,2,0 --dq-configs 64,3/2,1,1,1 --dkv-stages 2"}
+TRACE_ARGS=${TRACE_ARGS:-"--heads h128 --block 512 --k 3"}
 for r in $(seq "$ROUNDS"); do
   for tree in $TREES; do
     tag=$(basename "$(realpath "$tree")")
@@ -29,8 +31,9 @@ for r in $(seq "$ROUNDS"); do
       dump=(env MOSAIC_GPU_DUMP_TO="/tmp/dump_$tag" MOSAIC_GPU_DUMP_PTXAS=1)
     fi
     if [ "$MODE" = trace ]; then
-      "${dump[@]}" timeout 120 python3 "$tree/experiments/trace_moba.py" --heads h128 \
-          --block 512 --k 3 --backend mosaic --reps 10 --out "$OUT/trace_${tag}_$r.json" "${hlo[@]}" \
+      # shellcheck disable=SC2086
+      "${dump[@]}" timeout 120 python3 "$tree/experiments/trace_moba.py" $TRACE_ARGS \
+          --backend mosaic --reps 10 --out "$OUT/trace_${tag}_$r.json" "${hlo[@]}" \
           > "/tmp/run_${tag}_$r.log" 2>&1
       echo "trace $tag round $r: exit $?"
       head -9 "/tmp/run_${tag}_$r.log" | sed "s/^/$tag$r /" >> "$OUT/runs.txt"
