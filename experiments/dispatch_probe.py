@@ -222,9 +222,12 @@ def pipeline_rounds(fns, rounds: int, calls: int) -> dict:
             res = fn(*operands)
           jax.block_until_ready(res)
           row["traced_wall_ms"] = 1e3 * (time.perf_counter() - start) / calls
-        kernels = stream_kernels(load_trace(log_dir))
+        trace = load_trace(log_dir)
+      kernels = stream_kernels(trace)
       if kernels:  # none without a GPU
-        row.update(timeline_of(kernels, calls))
+        tl = timeline(trace, calls)
+        row.update({k: tl[k] for k in ("span_ms_per_step", "busy_ms_per_step",
+                                       "idle_ms_per_step")})
       by_kind = collections.defaultdict(float)
       for a, b, kname in kernels:
         by_kind[_kernel_kind(kname)] += (b - a) / calls / 1e3
@@ -239,17 +242,6 @@ def pipeline_rounds(fns, rounds: int, calls: int) -> dict:
             + ", ".join(f"{k} {v:.3f}" for k, v in sorted(by_kind.items()))
             + f"), synchronised {row['sync_ms']:7.3f}", flush=True)
   return out
-
-
-def timeline_of(kernels, steps: int) -> dict:
-  """Span, busy and idle per step (ms) of back-to-back steps' stream kernels."""
-  end, busy = kernels[0][1], kernels[0][1] - kernels[0][0]
-  for start, stop, _ in kernels[1:]:
-    busy += max(0.0, stop - max(start, end))
-    end = max(end, stop)
-  span = end - kernels[0][0]
-  return {"span_ms_per_step": span / steps / 1e3, "busy_ms_per_step": busy / steps / 1e3,
-          "idle_ms_per_step": (span - busy) / steps / 1e3}
 
 
 def sync_phases(trace: dict) -> dict:

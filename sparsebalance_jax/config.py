@@ -296,6 +296,18 @@ def resolve_mesh(mesh: MeshConfig, device_count: int) -> MeshConfig:
     return MeshConfig(**sizes)
 
 
+def check_attention_runs_here(cfg: Config) -> None:
+    """Raise ConfigError when the configured attention kernels cannot run on this process's
+    devices (validate() checks the config alone, so that presets validate on any machine)."""
+    a = cfg.attention
+    if a.implementation == "moba" and a.moba_backend == "mosaic":
+        from pallas_kernels.moba import hopper
+        try:
+            hopper.check_device(a.interpret)
+        except ValueError as e:
+            raise ConfigError(f"attention.moba_backend: {e}") from None
+
+
 def from_config_dict(raw: Mapping[str, Any], device_count: int | None = None) -> Config:
     """ml_collections ConfigDict (or nested dict) -> validated frozen Config."""
     raw = raw.to_dict() if hasattr(raw, "to_dict") else dict(raw)

@@ -51,6 +51,24 @@ def test_mesh_must_match_devices():
         from_config_dict(get_config("cpu"), device_count=8)
 
 
+def test_hopper_kernels_off_hopper_stop_the_run_naming_the_field():
+    """The GPU preset's Hopper kernels validate anywhere (validate() reads the config alone);
+    the launch check stops a run on a device that cannot run them, naming the field."""
+    import jax
+
+    from sparsebalance_jax.config import check_attention_runs_here
+
+    cfg = from_config_dict(get_config("gpu"), device_count=1)
+    assert cfg.attention.moba_backend == "mosaic"
+    device = jax.devices()[0]
+    if device.platform == "gpu" and str(device.compute_capability).startswith("9"):
+        check_attention_runs_here(cfg)  # a Hopper GPU runs them
+        return
+    with pytest.raises(ConfigError, match=r"attention\.moba_backend: .*Hopper"):
+        check_attention_runs_here(cfg)
+    check_attention_runs_here(from_config_dict(get_config("cpu"), device_count=2))
+
+
 def test_moba_backends_are_the_kernel_registry():
     from pallas_kernels.moba.attention import BACKENDS
     from sparsebalance_jax.config import MOBA_BACKENDS

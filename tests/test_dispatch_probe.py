@@ -5,7 +5,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from experiments.dispatch_probe import interleaved, parse_options, sync_phases, timeline
+from experiments.dispatch_probe import (interleaved, parse_options, pipeline_rounds, sync_phases,
+                                       timeline)
 from tests.test_trace_moba import _meta, _x
 
 
@@ -84,3 +85,27 @@ def test_interleaved_times_every_call_each_round():
     assert 0 < row["min_ms"] <= row["median_ms"] <= row["max_ms"]
   with pytest.raises(TypeError):
     interleaved({"bad": (jax.jit(lambda x: x + 1), ())}, rounds=1, reps=1)
+
+
+def test_pipeline_rounds_time_every_call_each_round():
+  """Each round gives every call its back-to-back, traced and synchronised times; the GPU's
+  span is read from the trace only where there are GPU kernels (none on the CPU)."""
+  fns = {"add": (jax.jit(lambda x: x + 1), (jnp.ones(4),)),
+         "mul": (jax.jit(lambda x: x * 2), (jnp.ones(4),))}
+  out = pipeline_rounds(fns, rounds=2, calls=3)
+  assert set(out) == {"add", "mul"}
+  for rows in out.values():
+    assert len(rows) == 2
+    for row in rows:
+      assert min(row["pipelined_ms"], row["traced_wall_ms"], row["sync_ms"]) > 0
+      has_gpu = jax.default_backend() == "gpu"
+      assert ("span_ms_per_step" in row) == has_gpu
+      assert set(row["kernel_ms_by_kind"]) <= {"fwd", "dq", "dkv", "cudnn", "xla"}
+
+
+def test_kernel_kinds_from_trace_names():
+  from experiments.dispatch_probe import _kernel_kind
+  names = {"moba_fwd_hopper_mosaic_gpu_kernel": "fwd", "moba_dq_hopper_mosaic_gpu_kernel": "dq",
+           "moba_dkv_hopper_mosaic_gpu_kernel": "dkv", "cudnn_generated_fort_native_sdpa": "cudnn",
+           "input_reduce_fusion_4": "xla"}
+  assert {n: _kernel_kind(n) for n in names} == names

@@ -180,7 +180,8 @@ class AnalyticLatencyModel(LatencyModel):
         self.block_size = shape.block_size
         s = shape
         q_dim, kv_dim = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
-        dense_macs = s.d_model * (q_dim + 2 * kv_dim) + q_dim * s.d_model + 3 * s.d_model * s.mlp_dim
+        dense_macs = (s.d_model * (q_dim + 2 * kv_dim) + q_dim * s.d_model
+                      + 3 * s.d_model * s.mlp_dim)
         self.seconds_per_token = 3.0 * 2.0 * dense_macs / dense_flops_per_s
         pair_flops = 4.0 * s.head_dim * s.num_heads * 3.5
         self.seconds_per_block_pair = pair_flops * s.block_size**2 / attention_flops_per_s

@@ -163,7 +163,8 @@ class Transformer(nn.Module):
         x_BTE = embed(inputs_BT)
         x_BTE = nn.with_logical_constraint(x_BTE, ("act_batch", "act_seq", "act_embed"))
         scales_L = (jnp.asarray(self.attention.layer_budget_scale, jnp.float32)
-                    if self.attention.layer_budget_scale else jnp.ones((m.num_layers,), jnp.float32))
+                    if self.attention.layer_budget_scale
+                    else jnp.ones((m.num_layers,), jnp.float32))
         layer = DecoderLayer
         if m.remat:
             layer = nn.remat(layer, prevent_cse=False)

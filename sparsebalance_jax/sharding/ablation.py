@@ -21,7 +21,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from sparsebalance_jax.config import Config, ConfigError, MeshConfig, from_config_dict
+from sparsebalance_jax.config import (Config, ConfigError, MeshConfig, check_attention_runs_here,
+                                      from_config_dict)
 
 # Tracing, lowering and XLA compilation: together, what a first call pays on top of running.
 COMPILE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration",
@@ -142,6 +143,7 @@ def measure_mesh(raw: Mapping[str, Any], mesh: MeshConfig, steps: int, warmup: i
 
     raw = _on_mesh(raw, mesh)
     cfg = from_config_dict(raw, device_count=jax.device_count())
+    check_attention_runs_here(cfg)
     device_mesh = make_mesh(cfg.mesh)
     model = Transformer(cfg.model, cfg.attention, cfg.k_max)
     state, shardings = create_train_state(cfg, device_mesh, model, jax.random.key(cfg.train.seed))

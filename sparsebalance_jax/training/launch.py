@@ -8,7 +8,8 @@ import os
 import jax
 import numpy as np
 
-from sparsebalance_jax.config import Config, ConfigError, from_config_dict
+from sparsebalance_jax.config import (Config, ConfigError, check_attention_runs_here,
+                                      from_config_dict)
 from sparsebalance_jax.sharding.distributed import maybe_initialize
 from sparsebalance_jax.training.budgets import DstBalancer, FixedBudgets
 from sparsebalance_jax.training.loop import describe, train
@@ -124,6 +125,7 @@ def run(raw) -> dict:
     """Validates `raw` (a get_config() ConfigDict) against the devices, then trains."""
     maybe_initialize()  # Multi-process jobs join the coordinator before any backend starts.
     cfg = from_config_dict(raw, device_count=jax.device_count())
+    check_attention_runs_here(cfg)
     print(describe(cfg), flush=True)
     cost_model = latency_model(cfg)
     return train(cfg, data_iterator(cfg, cost_model), make_balancer(cfg, cost_model))
