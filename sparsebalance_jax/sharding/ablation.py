@@ -126,8 +126,9 @@ class _CompileClock:
                 self.seconds += duration
 
 
-def measure_mesh(raw: Mapping[str, Any], mesh: MeshConfig, steps: int, warmup: int) -> MeshResult:
-    """Builds state and step on `mesh`, runs `warmup` + `steps` steps, returns their costs.
+def build_step(raw: Mapping[str, Any], mesh: MeshConfig):
+    """(state, compiled step, device batch, tokens per step) of the config on `mesh`, on a
+    synthetic batch of packed random documents.
 
     Starts JAX itself: call it in a process whose backends have not started.
     """
@@ -141,8 +142,7 @@ def measure_mesh(raw: Mapping[str, Any], mesh: MeshConfig, steps: int, warmup: i
     from sparsebalance_jax.training.state import create_train_state
     from sparsebalance_jax.training.step import batch_shardings, compile_train_step
 
-    raw = _on_mesh(raw, mesh)
-    cfg = from_config_dict(raw, device_count=jax.device_count())
+    cfg = from_config_dict(_on_mesh(raw, mesh), device_count=jax.device_count())
     check_attention_runs_here(cfg)
     device_mesh = make_mesh(cfg.mesh)
     model = Transformer(cfg.model, cfg.attention, cfg.k_max)
@@ -150,7 +150,15 @@ def measure_mesh(raw: Mapping[str, Any], mesh: MeshConfig, steps: int, warmup: i
     step = compile_train_step(model, device_mesh, shardings)
     host_batch = synthetic_batch(cfg, cfg.data.rows_per_micro_batch * size)
     batch = global_batch(batch_shardings(device_mesh), host_batch)
+    return state, step, batch, int(np.prod(host_batch["inputs"].shape))
 
+
+def measure_mesh(raw: Mapping[str, Any], mesh: MeshConfig, steps: int, warmup: int) -> MeshResult:
+    """Builds state and step on `mesh` (build_step), runs `warmup` + `steps` steps, returns
+    their costs. Starts JAX itself, as build_step."""
+    import jax
+
+    state, step, batch, tokens = build_step(raw, mesh)
     clock = _CompileClock()
     jax.monitoring.register_event_duration_secs_listener(clock)
     try:
@@ -170,7 +178,6 @@ def measure_mesh(raw: Mapping[str, Any], mesh: MeshConfig, steps: int, warmup: i
 
     peaks = [(d.memory_stats() or {}).get("peak_bytes_in_use") for d in jax.local_devices()]
     median = statistics.median(times)
-    tokens = int(np.prod(host_batch["inputs"].shape))
     return MeshResult(
         mesh=mesh_name(mesh), backend=jax.default_backend(),
         device_kind=jax.devices()[0].device_kind, compile_s=clock.seconds, step_time_s=median,
