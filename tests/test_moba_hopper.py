@@ -211,6 +211,83 @@ def test_dkv_match_triton_dkv(hq, hkv, block_size, d):
     assert rel_err(g, w) < 2 ** -8, name
 
 
+def test_dkv_items_cover_each_run_once():
+  """Split tiles' parts tile their runs exactly, in order, no part longer than the share m or
+  shorter than the minimum unless last; whole tiles are one item each; slots are unique and
+  every used one names its tile and the tile's first slot; every item in use comes before the
+  unused ones."""
+  rng = np.random.default_rng()
+  grid = int(rng.integers(2, 9))
+  n = int(rng.integers(grid, 8 * grid))
+  first = rng.integers(0, 50, n)
+  length = np.where(rng.random(n) < 0.2, rng.integers(50, 400, n), rng.integers(0, 12, n))
+  items = hopper.dkv_items(jnp.asarray(first, jnp.int32), jnp.asarray(first + length, jnp.int32),
+                           grid)
+  num = int(items.num_1[0])
+  tile, lo, hi, part = (np.asarray(a)[:num] for a in (items.tile_I, items.first_I, items.end_I,
+                                                      items.part_I))
+  share = max(-(-int(length.sum()) // (hopper._DKV_SPLITS_PER_CTA * grid)),
+              hopper._DKV_MIN_SPLIT_CHUNKS)
+  lens = hi - lo
+  assert list(lens) == sorted(lens, reverse=True)  # longest first
+  part_tile, part_lead = np.asarray(items.part_tile_P), np.asarray(items.part_lead_P)
+  for f in range(n):
+    mine = np.flatnonzero(tile == f)
+    spans = sorted(zip(lo[mine], hi[mine]))
+    assert spans[0][0] == first[f] and spans[-1][1] == first[f] + length[f]
+    assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
+    if length[f] <= share:
+      assert len(mine) == 1 and part[mine[0]] == -1
+    else:
+      assert all(b - a <= share for a, b in spans) and (part[mine] >= 0).all()
+      slots = np.sort(part[mine])
+      assert (part_tile[slots] == f).all() and (part_lead[slots] == slots[0]).all()
+  used = part[part >= 0]
+  assert len(set(used)) == len(used) and len(used) <= part_tile.shape[0]
+  assert (part_tile >= 0).sum() == len(used)
+
+
+def test_dkv_with_split_runs_matches_triton_dkv(monkeypatch):
+  """A gate that sends every token to the first blocks (a key direction shared by every
+  query) makes their runs long: their tiles are split into parts summed after the kernel,
+  and dk, dv still match the Triton kernel's within bf16 rounding."""
+  from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+  monkeypatch.setattr(hopper, "_DKV_MIN_SPLIT_CHUNKS", 2)
+  rng = np.random.default_rng()
+  hq, hkv, block_size, d = 2, 1, 128, 64
+  b, t, k_max = 1, 8 * block_size, 3
+  q, k, v, do = make_inputs(rng, b, t, hq, hkv, d, jnp.bfloat16)
+  bias = jnp.asarray(rng.standard_normal(d) * 2.0, jnp.bfloat16)
+  q = q + bias
+  k = k.at[:, :2 * block_size].add(bias)
+  seg = jnp.ones((b, t), jnp.int32)
+  sel = moba_gate(q, k, seg, jnp.asarray([k_max]), block_size=block_size, k_max=k_max)
+  layout = build_kv_layout(sel, seg, num_blocks=t // block_size, group_size=hq // hkv,
+                           block_rows=HOPPER.block_rows, pad_rows=hopper.ITEM_ROWS)
+  flat = lambda x: x.reshape(b, t * hq, *x.shape[3:])
+  lse = jnp.asarray(rng.uniform(2.0, 6.0, size=(b, t, hq)), jnp.float32)
+  delta = jnp.asarray(rng.standard_normal((b, t, hq)), jnp.float32)
+  args = (flat(q), flat(do), flat(lse), flat(delta), layout, k, v, seg)
+  chunks = np.asarray(layout.block_chunks_BGN2)[0, 0]
+  assert (chunks[:2, 1] - chunks[:2, 0]).min() > 2 * (chunks[2:, 1] - chunks[2:, 0]).max()
+  made = []
+  dkv_items = hopper.dkv_items
+  monkeypatch.setattr(hopper, "dkv_items", lambda *a: made.append(dkv_items(*a)) or made[-1])
+  want = kernels.moba_dkv(*args, block_size=block_size, bs=HOPPER, interpret=True)
+  got = hopper.moba_dkv(*args, block_size=block_size, bs=HOPPER, num_ctas=3,
+                        interpret=plgpu.InterpretGPUParams(detect_races=True))
+  jax.block_until_ready(got)
+  assert not gpu_callbacks.get_races().races_found
+  [items] = made
+  assert (np.asarray(items.part_I)[:int(items.num_1[0])] >= 0).sum() >= 2  # splits ran
+  for name, g, w, moved in zip(("dk", "dv"), got, want, dkv_rounding_bounds(args, block_size)):
+    g, w = np.asarray(g, np.float32), np.asarray(w, np.float32)
+    over = np.abs(g - w) > (moved + 2 ** -7 * np.abs(w)) * (1 + 2 ** -5)
+    assert not over.any(), (name, f"{over.sum()} of {over.size} beyond bf16 rounding")
+    assert rel_err(g, w) < 2 ** -8, name
+
+
 def test_persistent_full_items_match_triton_forward():
   """One long document and every block chosen: most work items are full (run without the
   mask); their rows still equal the Triton kernel's, and the run has no data race."""

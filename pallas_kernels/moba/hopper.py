@@ -954,10 +954,10 @@ def _sorted(x_BSD, x_rows, layout, interpret, name):
   return x_rows
 
 
-def _dkv_kernel(ids_ref, first_ref, end_ref, whole_ref, seg_ref, pos_ref, lse2_ref, delta_ref,
-                qs_ref, dos_ref, k_ref, v_ref, kseg_ref, dk_ref, dv_ref, scoped, *, sm_scale,
-                tiles_per_row, tiles_per_block, num_groups, num_items, grid, stages,
-                p_in_smem):
+def _dkv_kernel(tile_ref, part_ref, num_ref, first_ref, end_ref, whole_ref, seg_ref, pos_ref,
+                lse2_ref, delta_ref, qs_ref, dos_ref, k_ref, v_ref, kseg_ref, dk_ref, dv_ref,
+                dk_hi_ref, dk_lo_ref, dv_hi_ref, dv_lo_ref, scoped, *, sm_scale, tiles_per_row,
+                tiles_per_block, num_groups, grid, stages, p_in_smem):
   """dk/dv per key tile of DKV_TILE keys: each compute warpgroup holds dK, dV of its 64 keys
   in registers over the 64-row chunks of the tile's block (q and dO rows already in sorted
   order, so each chunk is one TMA box), computing S^T = K q^T and dP^T = V dO^T, then
@@ -966,20 +966,25 @@ def _dkv_kernel(ids_ref, first_ref, end_ref, whole_ref, seg_ref, pos_ref, lse2_r
   K/V (two buffers, so the next tile's load overlaps this one's chunks) and the chunks
   (`stages` slots: q, dO and the rows' lse, delta, segment and position). dK and dV leave
   through the warpgroup's half of the K/V buffer. Persistent: CTA c runs items c, c + grid,
-  ... of ids (tiles ordered by decreasing work outside). A chunk skips the mask for the key
-  tiles it attends whole (whole_ref [B, G, C]: the first that many tiles of its block)."""
+  ... below num_ref[0] (ordered by decreasing work outside, dkv_items). An item is a key tile
+  (tile_ref, flat over [B, G, tiles]) over the chunks [first_ref, end_ref) of its block's
+  run: the whole run, written to dk/dv, or one part of a long run (part_ref >= 0), whose dK
+  and dV leave as bf16 hi/lo pairs (x = hi + lo to ~2^-17) in that slot of dk_hi/dk_lo/
+  dv_hi/dv_lo for the caller to sum. A chunk skips the mask for the key tiles it attends whole
+  (whole_ref [B, G, C]: the first that many tiles of its block)."""
   q_smem, do_smem, rowf_smem, rowi_smem, k_smem, v_smem, p_smem, bars = scoped
   kv_bar, kv_free, chunk_bar, chunk_free, turn = bars
   frees = _slots(kv_free, 2) + _slots(chunk_free, stages)
   wg = lax.axis_index("wg")
   cta = lax.axis_index("cta")
-  trips = _trips(num_items, grid)
+  trips = _trips(num_ref[0], grid)
 
   def item_at(s):
-    flat = ids_ref[cta + s * grid]
+    i = cta + s * grid
+    flat = tile_ref[i]
     bg = lax.div(flat, tiles_per_row)
     return (lax.div(bg, num_groups), lax.rem(bg, num_groups), lax.rem(flat, tiles_per_row),
-            first_ref[flat], end_ref[flat])
+            first_ref[i], end_ref[i])
 
   @pl.when(wg == 2)
   def _producer():
@@ -1071,14 +1076,31 @@ def _dkv_kernel(ids_ref, first_ref, end_ref, whole_ref, seg_ref, pos_ref, lse2_r
 
       zeros = plgpu.layout_cast(jnp.zeros((_ROWS, d), jnp.float32), plgpu.Layout.WGMMA)
       dk, dv, cstep = lax.fori_loop(first, end, chunk_body, (zeros, zeros, cstep))
+      dk = dk * sm_scale
+      part = part_ref[cta + s * grid]
       with jax.named_scope("epilogue"):
         # This warpgroup's half of the buffer is no longer read: dK and dV leave through it.
-        k_w[...] = (dk * sm_scale).astype(k_w.dtype)
-        v_w[...] = dv.astype(v_w.dtype)
-        plgpu.commit_smem()
-        plgpu.copy_smem_to_gmem(k_w, dk_ref.at[b, pl.ds(kstart, _ROWS), g])
-        plgpu.copy_smem_to_gmem(v_w, dv_ref.at[b, pl.ds(kstart, _ROWS), g])
-        plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+        def store(dk16, dv16, dk_dst, dv_dst):
+          k_w[...] = dk16
+          v_w[...] = dv16
+          plgpu.commit_smem()
+          plgpu.copy_smem_to_gmem(k_w, dk_dst)
+          plgpu.copy_smem_to_gmem(v_w, dv_dst)
+          plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+
+        @pl.when(part < 0)
+        def _whole():
+          store(dk.astype(k_w.dtype), dv.astype(v_w.dtype),
+                dk_ref.at[b, pl.ds(kstart, _ROWS), g], dv_ref.at[b, pl.ds(kstart, _ROWS), g])
+
+        @pl.when(part >= 0)
+        def _part():
+          mine_part = (jnp.maximum(part, 0), pl.ds(wg * _ROWS, _ROWS))
+          dk_hi, dv_hi = dk.astype(k_w.dtype), dv.astype(v_w.dtype)
+          store(dk_hi, dv_hi, dk_hi_ref.at[mine_part], dv_hi_ref.at[mine_part])
+          store((dk - dk_hi.astype(jnp.float32)).astype(k_w.dtype),
+                (dv - dv_hi.astype(jnp.float32)).astype(v_w.dtype),
+                dk_lo_ref.at[mine_part], dv_lo_ref.at[mine_part])
       plgpu.barrier_arrive(kv_free.at[buf])
       return cstep
 
@@ -1090,6 +1112,84 @@ def _dkv_kernel(ids_ref, first_ref, end_ref, whole_ref, seg_ref, pos_ref, lse2_r
 # Up to this many items, longest_first ranks them by comparisons (I^2 of them, one fused
 # reduction) instead of a sort: XLA's sort of 4,096 keys took 0.030 ms on the H200.
 _RANK_BY_COMPARISON_MAX = 8192
+
+
+class DkvItems(NamedTuple):
+  """dk/dv work items in the order the persistent CTAs deal them (longest first; item i of
+  the first num_1[0] goes to CTA i % grid), and the partial-result slots of split tiles."""
+  tile_I: jax.Array      # key tile, flat over [B, G, tiles]
+  first_I: jax.Array     # the item's chunks of its block's run: [first, end)
+  end_I: jax.Array
+  part_I: jax.Array      # -1: the tile's whole run (written to dk/dv); else its slot
+  num_1: jax.Array       # [1] items in use
+  part_tile_P: jax.Array   # per slot: its tile, -1 if unused
+  part_lead_P: jax.Array   # per slot: the first slot of its tile
+
+
+# At most this many split items per persistent CTA: a tile splits when its run has more
+# chunks than the per-item share total_chunks / (this * grid), so no item holds more than
+# that share and the split items' slots have a static bound (twice this * grid).
+_DKV_SPLITS_PER_CTA = 1
+_DKV_MIN_SPLIT_CHUNKS = 8  # shorter parts would pay a tile's K/V load and epilogue for little
+
+
+def dkv_items(first_T, end_T, grid: int) -> DkvItems:
+  """The dk/dv work items for tiles whose runs cover chunks [first_T, end_T): one item per
+  tile, except that a tile whose run is longer than the per-item share m (total chunks /
+  (_DKV_SPLITS_PER_CTA * grid), at least _DKV_MIN_SPLIT_CHUNKS) is split into ceil(len / m)
+  parts of m chunks, each written to its own slot and summed by _add_parts. Without splits a
+  gate that sends most tokens to a few blocks leaves one CTA a whole long run while the others
+  idle."""
+  len_T = jnp.maximum(end_T - first_T, 0)
+  num_tiles = len_T.shape[0]
+  cap = _DKV_SPLITS_PER_CTA * grid
+  m = jnp.maximum(-(-len_T.sum() // cap), _DKV_MIN_SPLIT_CHUNKS)
+  parts_T = jnp.where(len_T > m, -(-len_T // m), 0)  # 0: not split
+  # Split tiles have len > m, so ceil(len / m) < 2 len / m: at most 2 * cap slots.
+  num_parts = 2 * cap
+  slot_end_T = jnp.cumsum(parts_T).astype(jnp.int32)
+  slot_start_T = slot_end_T - parts_T
+  slot_P = jnp.arange(num_parts, dtype=jnp.int32)
+  tile_P = jnp.searchsorted(slot_end_T, slot_P, side="right").astype(jnp.int32)
+  used_P = slot_P < slot_end_T[-1]
+  tile_P = jnp.where(used_P, tile_P, 0)
+  j_P = slot_P - slot_start_T[tile_P]  # the part's index within its tile
+  # Items: each tile's whole run or first part, then the later parts (slots with j >= 1).
+  first_part_T = jnp.where(parts_T > 0, jnp.minimum(first_T + m, end_T), end_T)
+  later_P = used_P & (j_P >= 1)
+  item_tile = jnp.concatenate([jnp.arange(num_tiles, dtype=jnp.int32), tile_P])
+  item_first = jnp.concatenate([first_T, first_T[tile_P] + j_P * m]).astype(jnp.int32)
+  item_end = jnp.concatenate([first_part_T, jnp.minimum(first_T[tile_P] + (j_P + 1) * m,
+                                                        end_T[tile_P])]).astype(jnp.int32)
+  item_part = jnp.concatenate([jnp.where(parts_T > 0, slot_start_T, -1),
+                               jnp.where(later_P, slot_P, -1)]).astype(jnp.int32)
+  length = jnp.concatenate([first_part_T - first_T,
+                            jnp.where(later_P, item_end[num_tiles:] - item_first[num_tiles:],
+                                      -1)])
+  order = longest_first(length)  # unused slots (length -1) last
+  return DkvItems(tile_I=item_tile[order], first_I=item_first[order], end_I=item_end[order],
+                  part_I=item_part[order],
+                  num_1=(num_tiles + later_P.sum(dtype=jnp.int32))[None],
+                  part_tile_P=jnp.where(used_P, tile_P, -1),
+                  part_lead_P=jnp.where(used_P, slot_start_T[tile_P], num_parts))
+
+
+def _add_parts(x_BTKD, hi_PKD, lo_PKD, items: DkvItems, *, num_groups: int):
+  """x with each split tile's rows set to the sum of its parts (hi + lo, in float32, rounded
+  once to x's dtype); the rows of tiles not split are x's."""
+  b, t, hkv, d = x_BTKD.shape
+  num_parts = hi_PKD.shape[0]
+  parts = hi_PKD.astype(jnp.float32) + lo_PKD.astype(jnp.float32)
+  used = (items.part_tile_P >= 0)[:, None, None]
+  sums = jax.ops.segment_sum(jnp.where(used, parts, 0.0), items.part_lead_P,
+                             num_segments=num_parts)  # at each tile's first slot
+  lead = (items.part_lead_P == jnp.arange(num_parts)) & (items.part_tile_P >= 0)
+  flat = jnp.where(lead, items.part_tile_P, b * num_groups * (t // DKV_TILE))  # else dropped
+  tiles_per_row = t // DKV_TILE
+  bg, n = flat // tiles_per_row, flat % tiles_per_row
+  x = x_BTKD.reshape(b, tiles_per_row, DKV_TILE, hkv, d)
+  x = x.at[bg // num_groups, n, :, bg % num_groups].set(sums.astype(x.dtype), mode="drop")
+  return x.reshape(b, t, hkv, d)
 
 
 def longest_first(length_I):
@@ -1135,15 +1235,14 @@ def moba_dkv(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_id
   chunks_BGn2 = jnp.repeat(layout.block_chunks_BGN2, block_size // DKV_TILE, axis=2)
   first = (chunks_BGn2[..., 0] + (skip_B1n * gh) // _ROWS).reshape(-1).astype(jnp.int32)
   end = chunks_BGn2[..., 1].reshape(-1).astype(jnp.int32)
-  # Longest tiles first, dealt round-robin to the persistent CTAs.
-  ids = longest_first(end - first)
-  num_items = ids.shape[0]
   num_ctas = _grid(num_ctas, interpret)
+  items = dkv_items(first, end, num_ctas)
+  num_parts = items.part_tile_P.shape[0]
   dt = q_rows.dtype
   transforms = _smem_transforms(dt)
   kernel = functools.partial(_dkv_kernel, sm_scale=1.0 / math.sqrt(d),
                              tiles_per_row=t // DKV_TILE, tiles_per_block=block_size // DKV_TILE,
-                             num_groups=g, num_items=num_items, grid=num_ctas, stages=stages,
+                             num_groups=g, grid=num_ctas, stages=stages,
                              p_in_smem=bool(interpret))
 
   def entry(*refs):
@@ -1161,14 +1260,18 @@ def moba_dkv(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_id
             plgpu.Barrier(num_barriers=2))  # the compute warpgroups' turns (_turns)
     pl.run_scoped(lambda *scoped: kernel(*refs, scoped), *scratch, bars, collective_axes="wg")
 
+  part = jax.ShapeDtypeStruct((num_parts, DKV_TILE, d), dt)
   call = _persistent_call(entry, [jax.ShapeDtypeStruct(k_BTKD.shape, k_BTKD.dtype),
-                                  jax.ShapeDtypeStruct(v_BTKD.shape, v_BTKD.dtype)],
+                                  jax.ShapeDtypeStruct(v_BTKD.shape, v_BTKD.dtype)] + [part] * 4,
                           name="moba_dkv_hopper", num_ctas=num_ctas, warpgroups=3,
                           interpret=interpret)
   whole = gating.attended_key_tiles(layout.chunk_block_BGC, layout.row_seg_BGL,
                                     layout.row_pos_BGL, segment_ids_BT,
                                     num_blocks=t // block_size, block_rows=_ROWS, tile=DKV_TILE)
-  return call(ids, first, end, whole, layout.row_seg_BGL, layout.row_pos_BGL,
-              sorted_rows(lse_BS * _LOG2E, layout), sorted_rows(delta_BS, layout),
-              q_rows, do_rows.astype(dt),
-              k_BTKD, v_BTKD, segment_ids_BT.astype(jnp.int32))
+  dk, dv, dk_hi, dk_lo, dv_hi, dv_lo = call(
+      items.tile_I, items.part_I, items.num_1, items.first_I, items.end_I, whole,
+      layout.row_seg_BGL, layout.row_pos_BGL, sorted_rows(lse_BS * _LOG2E, layout),
+      sorted_rows(delta_BS, layout), q_rows, do_rows.astype(dt),
+      k_BTKD, v_BTKD, segment_ids_BT.astype(jnp.int32))
+  return (_add_parts(dk, dk_hi, dk_lo, items, num_groups=g),
+          _add_parts(dv, dv_hi, dv_lo, items, num_groups=g))
