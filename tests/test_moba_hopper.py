@@ -247,6 +247,16 @@ def test_dkv_items_cover_each_run_once():
   assert (part_tile >= 0).sum() == len(used)
 
 
+def test_dkv_items_without_splits_are_the_tiles_longest_first():
+  first = jnp.asarray([0, 5, 9, 2], jnp.int32)
+  end = jnp.asarray([40, 6, 9, 30], jnp.int32)
+  items = hopper.dkv_items(first, end, 2, split=False)
+  assert int(items.num_1[0]) == 4
+  np.testing.assert_array_equal(items.tile_I, [0, 3, 1, 2])
+  np.testing.assert_array_equal(items.end_I - items.first_I, [40, 28, 1, 0])
+  assert (np.asarray(items.part_I) == -1).all()
+
+
 def test_dkv_with_split_runs_matches_triton_dkv(monkeypatch):
   """A gate that sends every token to the first blocks (a key direction shared by every
   query) makes their runs long: their tiles are split into parts summed after the kernel,
@@ -255,7 +265,7 @@ def test_dkv_with_split_runs_matches_triton_dkv(monkeypatch):
   from jax.experimental.pallas import mosaic_gpu as plgpu
   monkeypatch.setattr(hopper, "_DKV_MIN_SPLIT_CHUNKS", 2)
   rng = np.random.default_rng()
-  hq, hkv, block_size, d = 2, 1, 128, 64
+  hq, hkv, block_size, d = 2, 1, 128, 64  # head_dim 64: split_dkv_runs' default is on
   b, t, k_max = 1, 8 * block_size, 3
   q, k, v, do = make_inputs(rng, b, t, hq, hkv, d, jnp.bfloat16)
   bias = jnp.asarray(rng.standard_normal(d) * 2.0, jnp.bfloat16)
@@ -273,7 +283,8 @@ def test_dkv_with_split_runs_matches_triton_dkv(monkeypatch):
   assert (chunks[:2, 1] - chunks[:2, 0]).min() > 2 * (chunks[2:, 1] - chunks[2:, 0]).max()
   made = []
   dkv_items = hopper.dkv_items
-  monkeypatch.setattr(hopper, "dkv_items", lambda *a: made.append(dkv_items(*a)) or made[-1])
+  monkeypatch.setattr(hopper, "dkv_items",
+                      lambda *a, **kw: made.append(dkv_items(*a, **kw)) or made[-1])
   want = kernels.moba_dkv(*args, block_size=block_size, bs=HOPPER, interpret=True)
   got = hopper.moba_dkv(*args, block_size=block_size, bs=HOPPER, num_ctas=3,
                         interpret=plgpu.InterpretGPUParams(detect_races=True))

@@ -957,7 +957,7 @@ def _sorted(x_BSD, x_rows, layout, interpret, name):
 def _dkv_kernel(tile_ref, part_ref, num_ref, first_ref, end_ref, whole_ref, seg_ref, pos_ref,
                 lse2_ref, delta_ref, qs_ref, dos_ref, k_ref, v_ref, kseg_ref, dk_ref, dv_ref,
                 dk_hi_ref, dk_lo_ref, dv_hi_ref, dv_lo_ref, scoped, *, sm_scale, tiles_per_row,
-                tiles_per_block, num_groups, grid, stages, p_in_smem):
+                tiles_per_block, num_groups, grid, stages, split, p_in_smem):
   """dk/dv per key tile of DKV_TILE keys: each compute warpgroup holds dK, dV of its 64 keys
   in registers over the 64-row chunks of the tile's block (q and dO rows already in sorted
   order, so each chunk is one TMA box), computing S^T = K q^T and dP^T = V dO^T, then
@@ -968,8 +968,8 @@ def _dkv_kernel(tile_ref, part_ref, num_ref, first_ref, end_ref, whole_ref, seg_
   through the warpgroup's half of the K/V buffer. Persistent: CTA c runs items c, c + grid,
   ... below num_ref[0] (ordered by decreasing work outside, dkv_items). An item is a key tile
   (tile_ref, flat over [B, G, tiles]) over the chunks [first_ref, end_ref) of its block's
-  run: the whole run, written to dk/dv, or one part of a long run (part_ref >= 0), whose dK
-  and dV leave as bf16 hi/lo pairs (x = hi + lo to ~2^-17) in that slot of dk_hi/dk_lo/
+  run: the whole run, written to dk/dv, or (with `split`) one part of a long run (part_ref >=
+  0), whose dK and dV leave as bf16 hi/lo pairs (x = hi + lo to ~2^-17) in that slot of dk_hi/dk_lo/
   dv_hi/dv_lo for the caller to sum. A chunk skips the mask for the key tiles it attends whole
   (whole_ref [B, G, C]: the first that many tiles of its block)."""
   q_smem, do_smem, rowf_smem, rowi_smem, k_smem, v_smem, p_smem, bars = scoped
@@ -1077,7 +1077,6 @@ def _dkv_kernel(tile_ref, part_ref, num_ref, first_ref, end_ref, whole_ref, seg_
       zeros = plgpu.layout_cast(jnp.zeros((_ROWS, d), jnp.float32), plgpu.Layout.WGMMA)
       dk, dv, cstep = lax.fori_loop(first, end, chunk_body, (zeros, zeros, cstep))
       dk = dk * sm_scale
-      part = part_ref[cta + s * grid]
       with jax.named_scope("epilogue"):
         # This warpgroup's half of the buffer is no longer read: dK and dV leave through it.
         def store(dk16, dv16, dk_dst, dv_dst):
@@ -1088,19 +1087,24 @@ def _dkv_kernel(tile_ref, part_ref, num_ref, first_ref, end_ref, whole_ref, seg_
           plgpu.copy_smem_to_gmem(v_w, dv_dst)
           plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
-        @pl.when(part < 0)
-        def _whole():
+        def whole():
           store(dk.astype(k_w.dtype), dv.astype(v_w.dtype),
                 dk_ref.at[b, pl.ds(kstart, _ROWS), g], dv_ref.at[b, pl.ds(kstart, _ROWS), g])
 
-        @pl.when(part >= 0)
-        def _part():
-          mine_part = (jnp.maximum(part, 0), pl.ds(wg * _ROWS, _ROWS))
+        def part_of_run(part):
+          mine_part = (part, pl.ds(wg * _ROWS, _ROWS))
           dk_hi, dv_hi = dk.astype(k_w.dtype), dv.astype(v_w.dtype)
           store(dk_hi, dv_hi, dk_hi_ref.at[mine_part], dv_hi_ref.at[mine_part])
           store((dk - dk_hi.astype(jnp.float32)).astype(k_w.dtype),
                 (dv - dv_hi.astype(jnp.float32)).astype(v_w.dtype),
                 dk_lo_ref.at[mine_part], dv_lo_ref.at[mine_part])
+
+        if split:
+          part = part_ref[cta + s * grid]
+          pl.when(part < 0)(whole)
+          pl.when(part >= 0)(lambda: part_of_run(jnp.maximum(part, 0)))
+        else:
+          whole()
       plgpu.barrier_arrive(kv_free.at[buf])
       return cstep
 
@@ -1133,15 +1137,22 @@ _DKV_SPLITS_PER_CTA = 1
 _DKV_MIN_SPLIT_CHUNKS = 8  # shorter parts would pay a tile's K/V load and epilogue for little
 
 
-def dkv_items(first_T, end_T, grid: int) -> DkvItems:
+def dkv_items(first_T, end_T, grid: int, *, split: bool = True) -> DkvItems:
   """The dk/dv work items for tiles whose runs cover chunks [first_T, end_T): one item per
-  tile, except that a tile whose run is longer than the per-item share m (total chunks /
-  (_DKV_SPLITS_PER_CTA * grid), at least _DKV_MIN_SPLIT_CHUNKS) is split into ceil(len / m)
-  parts of m chunks, each written to its own slot and summed by _add_parts. Without splits a
-  gate that sends most tokens to a few blocks leaves one CTA a whole long run while the others
-  idle."""
+  tile, except (with split) that a tile whose run is longer than the per-item share m (total
+  chunks / (_DKV_SPLITS_PER_CTA * grid), at least _DKV_MIN_SPLIT_CHUNKS) is split into
+  ceil(len / m) parts of m chunks, each written to its own slot and summed by _add_parts.
+  Without splits a gate that sends most tokens to a few blocks leaves one CTA a whole long
+  run while the others idle. split=False: one item per tile and one slot, never used."""
   len_T = jnp.maximum(end_T - first_T, 0)
   num_tiles = len_T.shape[0]
+  if not split:
+    none = jnp.full((1,), -1, jnp.int32)
+    order = longest_first(end_T - first_T)
+    return DkvItems(tile_I=order, first_I=first_T[order], end_I=end_T[order],
+                    part_I=jnp.full((num_tiles,), -1, jnp.int32),
+                    num_1=jnp.full((1,), num_tiles, jnp.int32), part_tile_P=none,
+                    part_lead_P=jnp.ones((1,), jnp.int32))
   cap = _DKV_SPLITS_PER_CTA * grid
   m = jnp.maximum(-(-len_T.sum() // cap), _DKV_MIN_SPLIT_CHUNKS)
   parts_T = jnp.where(len_T > m, -(-len_T // m), 0)  # 0: not split
@@ -1236,13 +1247,14 @@ def moba_dkv(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_id
   first = (chunks_BGn2[..., 0] + (skip_B1n * gh) // _ROWS).reshape(-1).astype(jnp.int32)
   end = chunks_BGn2[..., 1].reshape(-1).astype(jnp.int32)
   num_ctas = _grid(num_ctas, interpret)
-  items = dkv_items(first, end, num_ctas)
+  split = bs.fit(block_size, d).split_dkv_runs
+  items = dkv_items(first, end, num_ctas, split=split)
   num_parts = items.part_tile_P.shape[0]
   dt = q_rows.dtype
   transforms = _smem_transforms(dt)
   kernel = functools.partial(_dkv_kernel, sm_scale=1.0 / math.sqrt(d),
                              tiles_per_row=t // DKV_TILE, tiles_per_block=block_size // DKV_TILE,
-                             num_groups=g, grid=num_ctas, stages=stages,
+                             num_groups=g, grid=num_ctas, stages=stages, split=split,
                              p_in_smem=bool(interpret))
 
   def entry(*refs):
@@ -1273,5 +1285,7 @@ def moba_dkv(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_id
       layout.row_seg_BGL, layout.row_pos_BGL, sorted_rows(lse_BS * _LOG2E, layout),
       sorted_rows(delta_BS, layout), q_rows, do_rows.astype(dt),
       k_BTKD, v_BTKD, segment_ids_BT.astype(jnp.int32))
+  if not split:
+    return dk, dv
   return (_add_parts(dk, dk_hi, dk_lo, items, num_groups=g),
           _add_parts(dv, dv_hi, dv_lo, items, num_groups=g))

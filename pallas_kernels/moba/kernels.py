@@ -73,6 +73,11 @@ class MobaBlockSizes:
   # H200, same process: fwd+bwd 1.9-2.6% faster at 16/16 x 128 (k = 3, 8, 16), 0.8-1.1%
   # slower at 14/2 x 64 (k = 8, 16; one run, inside the noise).
   fast_exp2: bool = True
+  # Hopper dk/dv only: split a key tile whose run is longer than its per-CTA share into parts
+  # (hopper.dkv_items). None: on for head_dim <= 64 (H200, 14/2 x 64, block 512, top-3: the
+  # model's train step 3% faster, its dk/dv 36%; random inputs 0.5%), off above (16/16 x 128,
+  # random inputs, no tile split: 4% slower from the parts' glue and epilogue).
+  split_dkv_runs: bool | None = None
 
   def check(self, block_size: int) -> None:
     for name in ("block_rows", "block_k", "block_k_dkv"):
@@ -86,11 +91,12 @@ class MobaBlockSizes:
 
   def fit(self, block_size: int, head_dim: int) -> "MobaBlockSizes":
     """Shrinks the key tiles to block_size when a block is smaller than a tile, and decides
-    skip_full_masks where it is None (by head_dim)."""
+    skip_full_masks and split_dkv_runs where they are None (by head_dim)."""
     skip = head_dim <= 64 if self.skip_full_masks is None else bool(self.skip_full_masks)
+    split = head_dim <= 64 if self.split_dkv_runs is None else bool(self.split_dkv_runs)
     return dataclasses.replace(self, block_k=min(self.block_k, block_size),
                                block_k_dkv=min(self.block_k_dkv, block_size),
-                               skip_full_masks=skip)
+                               skip_full_masks=skip, split_dkv_runs=split)
 
 
 def _exp2(x, fast: bool):
