@@ -65,6 +65,23 @@ def device_kernel_times(trace: dict) -> tuple[dict[str, tuple[float, int]], dict
   return {k: (v[0], v[1]) for k, v in kernels.items()}, dict(per_thread)
 
 
+_LIBRARY_MARKS = ("gemm", "cutlass", "nvjet", "xmma", "cublas", "cudnn", "sm90_", "flash")
+
+
+def kernel_group(name: str) -> str:
+  """The group a GPU kernel's trace name falls in: moba_pallas (the MoBA Pallas kernels,
+  `moba_*`), collectives (NCCL), matmul_library (cuBLAS / cuDNN kernels) or xla_other (XLA's
+  own fusions)."""
+  low = name.lower()
+  if low.startswith("moba_"):
+    return "moba_pallas"
+  if "nccl" in low:
+    return "collectives"
+  if any(mark in low for mark in _LIBRARY_MARKS):
+    return "matmul_library"
+  return "xla_other"
+
+
 def stream_kernels(trace: dict) -> list[tuple[float, float, str]]:
   """(start, end, name) in microseconds of the kernels on the GPU's stream threads, by start."""
   events = trace["traceEvents"]

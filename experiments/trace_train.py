@@ -22,21 +22,6 @@ _WARMUP = flags.DEFINE_integer("warmup", 2, "Untimed steps after the first (comp
 _TOP = flags.DEFINE_integer("top", 20, "Kernels listed by GPU time.")
 _OUT = flags.DEFINE_string("out", None, "JSON file for the full result.")
 
-_MATMUL_MARKS = ("gemm", "cutlass", "nvjet", "xmma", "cublas", "cudnn", "sm90_", "flash")
-
-
-def kernel_kind(name: str) -> str:
-    """The kind a GPU kernel's trace name belongs to (see the module docstring)."""
-    low = name.lower()
-    if low.startswith("moba_"):
-        return "moba_pallas"
-    if "nccl" in low:
-        return "collectives"
-    if any(mark in low for mark in _MATMUL_MARKS):
-        return "matmul_library"
-    return "xla_other"
-
-
 def main(argv):
     del argv
     import tempfile
@@ -44,7 +29,7 @@ def main(argv):
 
     import jax
 
-    from experiments.trace_moba import device_kernel_times, load_trace, step_spans
+    from experiments.trace_moba import device_kernel_times, kernel_group, load_trace, step_spans
     from sparsebalance_jax.config import MeshConfig
     from sparsebalance_jax.sharding import ablation
 
@@ -69,7 +54,7 @@ def main(argv):
     calls = {name: n / _STEPS.value for name, (_, n) in kernels.items()}
     by_kind: dict[str, float] = {}
     for name, ms in per_step.items():
-        by_kind[kernel_kind(name)] = by_kind.get(kernel_kind(name), 0.0) + ms
+        by_kind[kernel_group(name)] = by_kind.get(kernel_group(name), 0.0) + ms
     total = sum(per_step.values())
     result = dict(device=jax.devices()[0].device_kind, mesh=ablation.mesh_name(mesh),
                   tokens_per_step=tokens, wall_ms=[1e3 * w for w in walls],
@@ -86,7 +71,7 @@ def main(argv):
     for kind, ms in sorted(by_kind.items(), key=lambda kv: -kv[1]):
         print(f"  {kind:15s} {ms:8.1f} ms  {100 * ms / total:5.1f}%")
     for name, ms in list(result["kernels_ms"].items())[:_TOP.value]:
-        print(f"  {ms:8.2f} ms  x{calls[name]:<5g} {kernel_kind(name):15s} {name[:80]}")
+        print(f"  {ms:8.2f} ms  x{calls[name]:<5g} {kernel_group(name):15s} {name[:80]}")
 
 
 if __name__ == "__main__":

@@ -118,17 +118,23 @@ def test_table_round_trip_and_missing_table_names_the_command(tmp_path):
                                           dataclasses.replace(SHAPE, kernels="moba_mosaic"))
 
 
-def test_layer_shape_keys_the_attention_kernels():
+def _layer_configs(implementation: str, moba_backend: str):
+    """A one-layer model config and an attention config (block 16), tiny enough for CPU."""
     from sparsebalance_jax.config import AttentionConfig, ModelConfig
 
-    model_cfg = ModelConfig(vocab_size=128, num_layers=1, d_model=64, num_heads=4, num_kv_heads=2,
-                            head_dim=16, mlp_dim=128, rope_theta=1e4, rms_eps=1e-6,
-                            param_dtype="float32", compute_dtype="bfloat16", remat=False)
-    attention = AttentionConfig(implementation="moba", block_size=16, budget=1,
-                                budget_buckets=(2,), layer_budget_scale=(), interpret=True,
-                                moba_backend="mosaic")
+    model_cfg = ModelConfig(vocab_size=128, num_layers=1, d_model=32, num_heads=2, num_kv_heads=1,
+                            head_dim=16, mlp_dim=64, rope_theta=1e4, rms_eps=1e-6,
+                            param_dtype="float32", compute_dtype="float32", remat=False)
+    attention_cfg = AttentionConfig(implementation=implementation, block_size=16, budget=1,
+                                    budget_buckets=(2,), layer_budget_scale=(), interpret=True,
+                                    moba_backend=moba_backend)
+    return model_cfg, attention_cfg
+
+
+def test_layer_shape_keys_the_attention_kernels():
+    model_cfg, attention = _layer_configs("moba", "mosaic")
     shape = latency.LayerShape.from_configs(model_cfg, attention)
-    assert shape.key() == "d64_h4_kv2_hd16_mlp128_blk16_moba_mosaic"
+    assert shape.key() == "d32_h2_kv1_hd16_mlp64_blk16_moba_mosaic"
     dense = dataclasses.replace(attention, implementation="cudnn")
     assert latency.LayerShape.from_configs(model_cfg, dense).kernels == "cudnn"
     with pytest.raises(ValueError, match="kernels"):
@@ -169,15 +175,9 @@ def test_make_latency_model_rejects_unknown_kind():
 
 def test_profile_layer_makes_a_loadable_table(tmp_path):
     from sparsebalance_jax.balance import profiling
-    from sparsebalance_jax.config import AttentionConfig, ModelConfig
 
-    model_cfg = ModelConfig(vocab_size=128, num_layers=1, d_model=32, num_heads=2, num_kv_heads=1,
-                            head_dim=16, mlp_dim=64, rope_theta=1e4, rms_eps=1e-6,
-                            param_dtype="float32", compute_dtype="float32", remat=False)
     # The dense reference attention keeps this fast on CPU; the GPU profile uses MoBA.
-    attention_cfg = AttentionConfig(implementation="reference", block_size=16, budget=1,
-                                    budget_buckets=(2,), layer_budget_scale=(), interpret=True,
-                                    moba_backend="triton")
+    model_cfg, attention_cfg = _layer_configs("reference", "triton")
     table = profiling.profile_layer(model_cfg, attention_cfg, (16, 32), (1, 2), repeats=1,
                                     log=lambda _: None)
     assert table.shape.key() == "d32_h2_kv1_hd16_mlp64_blk16_reference"

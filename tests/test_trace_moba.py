@@ -2,7 +2,7 @@
 
 import pytest
 
-from experiments.trace_moba import device_kernel_times, host_event_times, step_spans
+from experiments.trace_moba import device_kernel_times, host_event_times, kernel_group, step_spans
 
 
 def _meta(pid, name, tid=None):
@@ -60,3 +60,14 @@ def test_host_events_rank_the_non_gpu_processes():
       _x(2, 14, "moba_fwd", 900.0)]}  # a GPU kernel: not host time
   assert host_event_times(trace, top=5) == [("Execute", 70.0, 2), ("PjitFunction(step)", 50.0, 1)]
   assert host_event_times(trace, top=1) == [("Execute", 70.0, 2)]
+
+
+def test_kernel_groups_from_trace_names():
+  names = {"moba_fwd_hopper_mosaic_gpu_kernel": "moba_pallas", "moba_gate_topk": "moba_pallas",
+           "moba_dkv": "moba_pallas",
+           "nvjet_hsh_256x128_64x4_1x2_h_bz_coopA_NNT": "matmul_library",
+           "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64": "matmul_library",
+           "cutlass_80_wmma_tensorop_bf16_s161616gemm": "matmul_library",
+           "ncclDevKernel_AllReduce_Sum_f32_RING_LL": "collectives",
+           "loop_multiply_fusion_3": "xla_other", "input_reduce_fusion_8": "xla_other"}
+  assert {n: kernel_group(n) for n in names} == names
