@@ -1,8 +1,11 @@
 """Where the main job's train step spends its GPU time: one config's step (the mesh ablation's
 synthetic batch of packed documents) traced for a few steps, its kernels summed by kind.
 
-    python -m experiments.trace_train --config=configs/longbench.py --steps=3 \\
+    python -m experiments.trace_train --config=configs/longbench.py --meshes=1x1x1 --steps=3 \\
         --out=$OUT/train_trace.json
+
+The mesh is --meshes (one, data x fsdp x tensor), or else the config's own when every axis
+is given.
 
 Kinds: the MoBA Pallas kernels (forward, dq, dk/dv, the gate; `moba_*`), cuBLAS/cuDNN matmuls
 and attention, NCCL collectives, and every other XLA kernel (fusions: norms, RoPE, the MoBA
@@ -20,7 +23,10 @@ _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a get_config(
 _STEPS = flags.DEFINE_integer("steps", 3, "Traced steps (each synchronised).")
 _WARMUP = flags.DEFINE_integer("warmup", 2, "Untimed steps after the first (compiling) one.")
 _TOP = flags.DEFINE_integer("top", 20, "Kernels listed by GPU time.")
+_MESHES = flags.DEFINE_string("meshes", None, "One DATAxFSDPxTENSOR mesh (the mesh ablation's "
+                               "flag); default: the config's mesh.")
 _OUT = flags.DEFINE_string("out", None, "JSON file for the full result.")
+
 
 def main(argv):
     del argv
@@ -30,11 +36,14 @@ def main(argv):
     import jax
 
     from experiments.trace_moba import device_kernel_times, kernel_group, load_trace, step_spans
-    from sparsebalance_jax.config import MeshConfig
+    from sparsebalance_jax.config import ConfigError
     from sparsebalance_jax.sharding import ablation
 
     raw = _CONFIG.value
-    mesh = MeshConfig(**{k: max(int(raw.mesh[k]), 1) for k in ("data", "fsdp", "tensor")})
+    meshes = ablation.meshes_to_run(_MESHES.value, raw)
+    if len(meshes) != 1:
+        raise ConfigError(f"--meshes: one mesh, got {_MESHES.value!r}")
+    [mesh] = meshes
     state, step, batch, tokens = ablation.build_step(raw, mesh)
     for _ in range(1 + _WARMUP.value):
         state, metrics = step(state, batch)
