@@ -463,3 +463,29 @@ def test_kernels_fit_h200_shared_memory(kernel, hq, hkv, d, block_size, stages, 
     else:
       with pytest.raises(ValueError, match="shared memory"):
         lower()
+
+
+@pytest.mark.parametrize("hq, hkv, d", [(16, 16, 128), (14, 2, 64)])
+def test_step_glue_has_no_while_loop(hq, hkv, d, monkeypatch):
+  """The forward+backward of moba_attention on the Hopper kernels, lowered for an H200 on the
+  CPU, holds no while loop outside the kernels (custom calls): XLA's GPU runtime reads a while
+  loop's condition back to the host on every trip, the GPU idle meanwhile. Both dk/dv item
+  plans: whole runs at head_dim 128, split runs at 64."""
+  from jax.sharding import AbstractMesh
+  from experiments.triton_ir import H200
+  from pallas_kernels.moba import moba_attention
+  monkeypatch.setattr(hopper, "check_device", lambda interpret: None)  # the CPU lowers for a GPU
+  t, block_size = 4096, 512
+  shape = lambda h: jax.ShapeDtypeStruct((1, t, h, d), jnp.bfloat16)
+
+  def loss(q, k, v, do, seg, budget):
+    out = moba_attention(q, k, v, seg, budget, block_size=block_size, k_max=3, backend="mosaic")
+    return jnp.sum(out.astype(jnp.float32) * do.astype(jnp.float32))
+
+  args = (shape(hq), shape(hkv), shape(hkv), shape(hq), jax.ShapeDtypeStruct((1, t), jnp.int32),
+          jax.ShapeDtypeStruct((1,), jnp.int32))
+  with jax.sharding.use_abstract_mesh(AbstractMesh((1,), ("x",), abstract_device=H200)):
+    text = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).trace(*args).lower(
+        lowering_platforms=("cuda",)).as_text()
+  assert text.count("mosaic_gpu") >= 3  # forward, dq and dk/dv
+  assert "stablehlo.while" not in text

@@ -1162,7 +1162,10 @@ def dkv_items(first_T, end_T, grid: int, *, split: bool = True) -> DkvItems:
   slot_end_T = jnp.cumsum(parts_T).astype(jnp.int32)
   slot_start_T = slot_end_T - parts_T
   slot_P = jnp.arange(num_parts, dtype=jnp.int32)
-  tile_P = jnp.searchsorted(slot_end_T, slot_P, side="right").astype(jnp.int32)
+  # compare_all, not the default scan: the scan is a while loop, whose condition XLA's GPU
+  # runtime reads back to the host each trip, leaving the GPU idle meanwhile.
+  tile_P = jnp.searchsorted(slot_end_T, slot_P, side="right",
+                            method="compare_all").astype(jnp.int32)
   used_P = slot_P < slot_end_T[-1]
   tile_P = jnp.where(used_P, tile_P, 0)
   j_P = slot_P - slot_start_T[tile_P]  # the part's index within its tile
