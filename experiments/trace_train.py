@@ -7,6 +7,9 @@ synthetic batch of packed documents) traced for a few steps, its kernels summed 
 The mesh is --meshes (one, data x fsdp x tensor), or else the config's own when every axis
 is given.
 
+Host events (the profiler's host threads, per step) show where the host waits, e.g. on a while
+loop's condition (XLA's GPU runtime reads it back each trip).
+
 Kinds: the MoBA Pallas kernels (forward, dq, dk/dv, the gate; `moba_*`), cuBLAS/cuDNN matmuls
 and attention, NCCL collectives, and every other XLA kernel (fusions: norms, RoPE, the MoBA
 gating's layout and merges, the loss, the optimizer). GPU only: the kernel times come from the
@@ -35,7 +38,8 @@ def main(argv):
 
     import jax
 
-    from experiments.trace_moba import device_kernel_times, kernel_group, load_trace, step_spans
+    from experiments.trace_moba import (device_kernel_times, host_event_times, kernel_group,
+                                        load_trace, step_spans)
     from sparsebalance_jax.config import ConfigError
     from sparsebalance_jax.sharding import ablation
 
@@ -70,7 +74,9 @@ def main(argv):
                   span_ms=span_us / 1e3, idle_ms=idle_us / 1e3, kernel_ms=total,
                   by_kind_ms=by_kind, kernels_ms=dict(sorted(per_step.items(),
                                                               key=lambda kv: -kv[1])),
-                  calls_per_step=calls)
+                  calls_per_step=calls,
+                  host_events_ms_per_step=[(n, us / _STEPS.value / 1e3, c / _STEPS.value)
+                                           for n, us, c in host_event_times(trace, 30)])
     if _OUT.value:
         with open(_OUT.value, "w") as f:
             json.dump(result, f, indent=1)
@@ -81,6 +87,9 @@ def main(argv):
         print(f"  {kind:15s} {ms:8.1f} ms  {100 * ms / total:5.1f}%")
     for name, ms in list(result["kernels_ms"].items())[:_TOP.value]:
         print(f"  {ms:8.2f} ms  x{calls[name]:<5g} {kernel_group(name):15s} {name[:80]}")
+    print("host events per step (ms, count; a while loop's thunk waits on the GPU):")
+    for name, ms, count in result["host_events_ms_per_step"]:
+        print(f"  {ms:8.2f} ms  x{count:<5g} {name[:80]}")
 
 
 if __name__ == "__main__":

@@ -38,6 +38,32 @@ def kernel_args(hq, hkv, block_size, d=64):
   return flat(q), flat(do), flat(lse), flat(delta), layout, k, v, seg
 
 
+def boxed_halves(layout, seg, hq, block_size):
+  """How many halves of the used work items box_halves marks."""
+  ids, num, *_ = hopper.persistent_items(layout, seg, block_size=block_size,
+                                         block_kv=min(128, block_size))
+  box = np.asarray(hopper.box_halves(layout, hq))[np.asarray(ids)[:int(num[0])]]
+  return int((box & 1).sum() + (box >> 1).sum())
+
+
+@pytest.mark.parametrize("hq, hkv, block_size", [(2, 2, 128), (4, 4, 64), (4, 2, 256)])
+def test_box_halves_are_the_consecutive_token_halves(hq, hkv, block_size):
+  """box_halves marks exactly the halves (64 sorted rows) whose rows are 64 consecutive tokens
+  of one query head - checked row by row on fresh layouts; some exist with one query head
+  per KV group (a block's own tokens), none with two."""
+  q_BSD, _, _, _, layout, _, _, seg = kernel_args(hq, hkv, block_size)
+  src = np.asarray(layout.row_src_BGL)
+  b, g, l = src.shape
+  got = np.asarray(hopper.box_halves(layout, hq)).reshape(b, g, l // hopper.ITEM_ROWS)
+  for bi, gi, item in np.ndindex(got.shape):
+    for w in range(2):
+      rows = src[bi, gi, item * hopper.ITEM_ROWS + 64 * w:][:64]
+      tokens, heads = rows // hq, rows % hq
+      want = bool(np.all(heads == heads[0]) and np.all(tokens == tokens[0] + np.arange(64)))
+      assert bool(got[bi, gi, item] >> w & 1) == want, (bi, gi, item, w)
+  assert (boxed_halves(layout, seg, hq, block_size) > 0) == (hq == hkv)
+
+
 def dkv_rounding_bounds(args, block_size):
   """Per-element bounds on |dk - dk'| and |dv - dv'| between two kernels that compute the
   same function from the same bf16 inputs, in float64 from the attended pairs the layout
@@ -110,9 +136,11 @@ def test_rows_match_triton_forward(hq, hkv, block_size, overlap):
   items of two chunks through one K/V stream; 128-key tiles where the block holds them.
   The gathered q rows the kernel stores for the backward (sorted_q) are those XLA's gather
   puts in sorted order, on every row of every used item (padding rows included). Both
-  schedules of the tensor-core turns (overlap); the interpreter's race detector watches."""
+  schedules of the tensor-core turns (overlap); the interpreter's race detector watches. With
+  one query head per KV group some halves come as one box (box_halves), the rest row by row."""
   q_BSD, _, _, _, layout, k, v, seg = kernel_args(hq, hkv, block_size)
   args = (q_BSD, layout, k, v, seg)
+  assert (boxed_halves(layout, seg, hq, block_size) > 0) == (hq == hkv)
   tiles = dataclasses.replace(HOPPER, block_k=min(128, block_size))
   want_o, want_lse = kernels.moba_forward_rows(*args, block_size=block_size, bs=tiles,
                                                interpret=True)
@@ -155,18 +183,21 @@ def test_gather_rows_match_xla_gather():
 
 @pytest.mark.parametrize("hq, hkv, block_size, presorted, sorted_do, overlap", [
     (2, 1, 128, False, False, True), (2, 2, 256, True, False, False),
-    (2, 1, 256, True, True, True)])
+    (2, 1, 256, True, True, True), (2, 2, 128, False, True, False)])
 def test_dq_rows_match_triton_dq(hq, hkv, block_size, presorted, sorted_do, overlap):
   """Partial dq of every row a used chunk holds equals the Triton dq kernel's with the same
   64-key tiles, given the same final lse and delta, on fresh inputs with packed documents
   and ragged budgets, with q and dO rows gathered by the kernel, by the row-gather kernel
   beforehand, or q's beforehand and dO's by the kernel, which then also returns them in
   sorted order (sorted_do); both schedules of the tensor-core turns (overlap); the
-  interpreter's race detector watches the run."""
+  interpreter's race detector watches the run. Gathered with one query head per KV group,
+  some halves come as one box (box_halves)."""
   from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks
   from jax.experimental.pallas import mosaic_gpu as plgpu
   args = kernel_args(hq, hkv, block_size)
   layout = args[4]
+  if not presorted or sorted_do:
+    assert (boxed_halves(layout, args[7], hq, block_size) > 0) == (hq == hkv)
   want = kernels.moba_dq_rows(*args, block_size=block_size, bs=HOPPER, interpret=True)
   got = hopper.moba_dq_rows(*args, block_size=block_size, bs=HOPPER, num_ctas=3,
                             presorted=presorted, sorted_do=sorted_do, overlap=overlap,

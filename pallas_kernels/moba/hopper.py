@@ -138,9 +138,25 @@ def persistent_items(layout, segment_ids_BT, *, block_size: int, block_kv: int):
   return ids, used.sum(dtype=jnp.int32)[None], blk.astype(jnp.int32), steps, unmasked
 
 
-def _item_reader(ids_ref, blk_ref, steps_ref, unmasked_ref, *, grid, num_groups,
+def box_halves(layout, num_heads: int):
+  """int32 [B * G * I], per work item (persistent_items' flat ids): bit w set where the item's
+  half w (64 sorted rows) reads 64 consecutive tokens of one query head, rows s0, s0 + Hq, ...
+  of q viewed [B, T * Hq, D]: one strided box of q viewed [B, T, Hq, D] brings them, where
+  64 single-row copies would. With one query head per KV group a block's own tokens, which
+  lead its run in order, make such halves; with more the rows of a token's heads interleave
+  and no half is one."""
+  src = layout.row_src_BGL
+  b, g, l = src.shape
+  halves = src.reshape(b, g, l // _ROWS, _ROWS)
+  stride = num_heads * jnp.arange(_ROWS, dtype=src.dtype)
+  whole = jnp.all(halves == halves[..., :1] + stride, axis=-1).reshape(b, g, -1, 2)
+  return (whole[..., 0].astype(jnp.int32) | (whole[..., 1].astype(jnp.int32) << 1)).reshape(-1)
+
+
+def _item_reader(ids_ref, blk_ref, steps_ref, unmasked_ref, box_ref, *, grid, num_groups,
                  items_per_group):
-  """Returns item_at(s): (b, g, i, block, key steps, unmasked steps) of this CTA's s-th item
+  """Returns item_at(s): (b, g, i, block, key steps, unmasked steps, box halves) of this
+  CTA's s-th item
   (cta + s * grid), and item_loop(trips, body, init): the loop over the CTA's items,
   carry = body(s, item_at(s), carry), with each item's fields loaded one item ahead and its
   id two ahead, so that these global loads (a dependent pair) wait behind an item's work
@@ -152,7 +168,7 @@ def _item_reader(ids_ref, blk_ref, steps_ref, unmasked_ref, *, grid, num_groups,
     i = lax.rem(flat, items_per_group)
     bg = lax.div(flat, items_per_group)
     return (lax.div(bg, num_groups), lax.rem(bg, num_groups), i, blk_ref[flat],
-            steps_ref[flat], unmasked_ref[flat])
+            steps_ref[flat], unmasked_ref[flat], box_ref[flat])
 
   def item_loop(trips, body, init):
     def step(s, carry):
@@ -171,8 +187,8 @@ def _trips(num, grid):
   return jnp.maximum(num - lax.axis_index("cta") + grid - 1, 0) // grid
 
 
-def _streams(item_at, item_loop, trips, src_ref, gathered, row_refs, k_ref, v_ref, kseg_ref,
-             scoped, *, block_size, block_kv, k_stages, v_stages, presorted):
+def _streams(item_at, item_loop, trips, src_ref, gathered, views, row_refs, k_ref, v_ref,
+             kseg_ref, scoped, *, block_size, block_kv, k_stages, v_stages, presorted):
   """The two streaming warpgroups, shared by the forward and dq kernels.
 
   Warpgroup 2 streams each item's K and V tiles into k_stages and v_stages slots by TMA,
@@ -187,7 +203,10 @@ def _streams(item_at, item_loop, trips, src_ref, gathered, row_refs, k_ref, v_re
   issued by one thread, would hold up the K/V stream if one warpgroup issued both.
   presorted: per ref of `gathered`, whether it already holds the rows in sorted order
   ([B, G, L, D]): then each half is one box copy (and with every ref so, no row ids are
-  read)."""
+  read). views: per ref of `gathered`, the same array viewed [B, T, Hq, D]: a half whose rows
+  are 64 consecutive tokens of one head (the item's box_halves bit) comes from it in one
+  strided box, every operand's part and the rows' segment and position then arriving on
+  bars.box instead of bars.rows (_take_rows waits on the one the item's bit names)."""
   idx_smem, stage_smems, k_smem, v_smem = scoped.idx, scoped.stages, scoped.k, scoped.v
   bars = scoped.bars
   wg = lax.axis_index("wg")
@@ -197,7 +216,7 @@ def _streams(item_at, item_loop, trips, src_ref, gathered, row_refs, k_ref, v_re
     plgpu.set_max_registers(24, action="decrease")
 
     def item_body(s, item, gstep):
-      b, g, _, j, n, _ = item
+      b, g, _, j, n, _, _ = item
 
       def step_body(step, gstep):
         kslot, vslot = lax.rem(gstep, k_stages), lax.rem(gstep, v_stages)
@@ -221,24 +240,23 @@ def _streams(item_at, item_loop, trips, src_ref, gathered, row_refs, k_ref, v_re
     plgpu.set_max_registers(24, action="decrease")
 
     def fetch_ids(s):
-      b, g, i, _, _, _ = item_at(s)
+      b, g, i, *_ = item_at(s)
       plgpu.copy_gmem_to_smem(src_ref.at[b, g, pl.ds(i * ITEM_ROWS, ITEM_ROWS)],
                               idx_smem, bars.idx)
 
-    def copy_row_values(b, g, i):
-      for w in range(2):
-        rows = pl.ds(i * ITEM_ROWS + w * _ROWS, _ROWS)
-        for n, ref in enumerate(row_refs):
-          plgpu.copy_gmem_to_smem(ref.at[b, g, rows], scoped.rowi.at[w, n], bars.rows.at[w])
+    def copy_row_values(b, g, i, w, bar):
+      rows = pl.ds(i * ITEM_ROWS + w * _ROWS, _ROWS)
+      for n, ref in enumerate(row_refs):
+        plgpu.copy_gmem_to_smem(ref.at[b, g, rows], scoped.rowi.at[w, n], bar)
 
     if all(presorted):
       @pl.loop(0, trips)
       def _item(s):
-        b, g, i, _, _, _ = item_at(s)
+        b, g, i, _, _, _, _ = item_at(s)
         with jax.named_scope("wait_rows_free"):
           plgpu.barrier_wait(bars.rows_free)
-        copy_row_values(b, g, i)
         for w in range(2):
+          copy_row_values(b, g, i, w, bars.rows.at[w])
           rows = pl.ds(i * ITEM_ROWS + w * _ROWS, _ROWS)
           for ref, stage in zip(gathered, stage_smems):
             plgpu.copy_gmem_to_smem(ref.at[b, g, rows], stage.at[w], bars.rows.at[w])
@@ -247,25 +265,40 @@ def _streams(item_at, item_loop, trips, src_ref, gathered, row_refs, k_ref, v_re
       return
     pl.when(trips > 0)(lambda: fetch_ids(0))
 
+    def gather_half(b, g, i, w):
+      rows = pl.ds(i * ITEM_ROWS + w * _ROWS, _ROWS)
+      copy_row_values(b, g, i, w, bars.rows.at[w])
+      for ref, stage, whole in zip(gathered, stage_smems, presorted):
+        if whole:
+          plgpu.copy_gmem_to_smem(ref.at[b, g, rows], stage.at[w], bars.rows.at[w])
+      for r in range(_ROWS):
+        row = pl.ds(idx_smem[w * _ROWS + r], 1)
+        for ref, stage, whole in zip(gathered, stage_smems, presorted):
+          if not whole:
+            plgpu.copy_gmem_to_smem(ref.at[b, row], stage.at[w, pl.ds(r, 1)], bars.rows.at[w])
+
+    def box_half(b, g, i, w):
+      rows = pl.ds(i * ITEM_ROWS + w * _ROWS, _ROWS)
+      copy_row_values(b, g, i, w, bars.box.at[w])
+      first = idx_smem[w * _ROWS]
+      for ref, view, stage, whole in zip(gathered, views, stage_smems, presorted):
+        src = ref.at[b, g, rows]
+        if not whole:
+          heads = view.shape[2]
+          src = view.at[b, pl.ds(lax.div(first, heads), _ROWS), lax.rem(first, heads)]
+        plgpu.copy_gmem_to_smem(src, stage.at[w], bars.box.at[w])
+
     @pl.loop(0, trips)
     def _item(s):
-      b, g, i, _, _, _ = item_at(s)
+      b, g, i, _, _, _, box = item_at(s)
       with jax.named_scope("wait_rows_free"):
         plgpu.barrier_wait(bars.idx)
         plgpu.barrier_wait(bars.rows_free)  # both halves of the last item moved to their tiles
-      copy_row_values(b, g, i)
       with jax.named_scope("gather"):
         for w in range(2):
-          rows = pl.ds(i * ITEM_ROWS + w * _ROWS, _ROWS)
-          for ref, stage, whole in zip(gathered, stage_smems, presorted):
-            if whole:
-              plgpu.copy_gmem_to_smem(ref.at[b, g, rows], stage.at[w], bars.rows.at[w])
-          for r in range(_ROWS):
-            row = pl.ds(idx_smem[w * _ROWS + r], 1)
-            for ref, stage, whole in zip(gathered, stage_smems, presorted):
-              if not whole:
-                plgpu.copy_gmem_to_smem(ref.at[b, row], stage.at[w, pl.ds(r, 1)],
-                                        bars.rows.at[w])
+          is_box = lax.rem(lax.shift_right_logical(box, jnp.int32(w)), 2) == 1
+          pl.when(is_box)(lambda: box_half(b, g, i, w))
+          pl.when(jnp.logical_not(is_box))(lambda: gather_half(b, g, i, w))
       # The next item's ids arrive while this item computes, once every thread has read
       # this item's (the warpgroup barrier, after a proxy fence, of commit_smem).
       plgpu.commit_smem()
@@ -277,6 +310,7 @@ def _streams(item_at, item_loop, trips, src_ref, gathered, row_refs, k_ref, v_re
 class _Bars(NamedTuple):
   idx: Any       # row ids of an item landed
   rows: Any      # a half's gathered rows landed (per compute warpgroup)
+  box: Any       # a half's rows landed as one box per operand (per compute warpgroup)
   rows_free: Any  # both halves moved out of the staging buffers
   k: Any         # K tile and its key segment ids landed (per slot)
   v: Any         # V tile landed (per slot)
@@ -352,15 +386,17 @@ def _slots(bar, n):
   return [bar.at[i] for i in range(n)]
 
 
-def _take_rows(scoped, shape):
+def _take_rows(scoped, shape, box):
   """Moves this warpgroup's half of the item's gathered rows into its swizzled tiles (once
   the last item's output, which leaves through the first tile, has been read out) and
   reads its rows' segment and position, returned broadcast to `shape` ([64, block_kv]).
-  Named regions: take_wait_rows (the rows' arrival), take_wait_store (the last output's
-  store), take_rows (the move)."""
+  Named regions: take_wait_rows (the rows' arrival, on the barrier the item's box_halves bit
+  `box` names), take_wait_store (the last output's store), take_rows (the move)."""
   wg = lax.axis_index("wg")
+  is_box = lax.rem(lax.shift_right_logical(box, wg), 2) == 1
   with jax.named_scope("take_wait_rows"):
-    plgpu.barrier_wait(scoped.bars.rows.at[wg])
+    pl.when(is_box)(lambda: plgpu.barrier_wait(scoped.bars.box.at[wg]))
+    pl.when(jnp.logical_not(is_box))(lambda: plgpu.barrier_wait(scoped.bars.rows.at[wg]))
   with jax.named_scope("take_wait_store"):
     plgpu.wait_smem_to_gmem(0, wait_read_only=True)
   with jax.named_scope("take_rows"):
@@ -423,8 +459,9 @@ def _split_steps(first, unmasked, n, step, carry):
   return lax.fori_loop(split, n, functools.partial(step, masked=True), carry)
 
 
-def _fwd_kernel(ids_ref, num_ref, blk_ref, steps_ref, unmasked_ref, src_ref, seg_ref, pos_ref,
-                q_ref, k_ref, v_ref, kseg_ref, o_ref, lse_ref, *refs, sm_scale, block_size,
+def _fwd_kernel(ids_ref, num_ref, blk_ref, steps_ref, unmasked_ref, box_ref, src_ref, seg_ref,
+                pos_ref, q_ref, k_ref, v_ref, kseg_ref, q_view, o_ref, lse_ref, *refs, sm_scale,
+                block_size,
                 block_kv, k_stages, v_stages, num_groups, items_per_group, grid, p_in_smem,
                 presorted, overlap):
   """Four warpgroups per CTA: two compute warpgroups (64 rows of an item each) and the two
@@ -436,10 +473,11 @@ def _fwd_kernel(ids_ref, num_ref, blk_ref, steps_ref, unmasked_ref, src_ref, seg
   bars = scoped.bars
   wg = lax.axis_index("wg")
   trips = _trips(num_ref[0], grid)
-  item_at, item_loop = _item_reader(ids_ref, blk_ref, steps_ref, unmasked_ref, grid=grid,
-                                    num_groups=num_groups, items_per_group=items_per_group)
-  _streams(item_at, item_loop, trips, src_ref, [q_ref], [seg_ref, pos_ref], k_ref, v_ref,
-           kseg_ref, scoped, block_size=block_size, block_kv=block_kv, k_stages=k_stages,
+  item_at, item_loop = _item_reader(ids_ref, blk_ref, steps_ref, unmasked_ref, box_ref,
+                                    grid=grid, num_groups=num_groups,
+                                    items_per_group=items_per_group)
+  _streams(item_at, item_loop, trips, src_ref, [q_ref], [q_view], [seg_ref, pos_ref], k_ref,
+           v_ref, kseg_ref, scoped, block_size=block_size, block_kv=block_kv, k_stages=k_stages,
            v_stages=v_stages, presorted=presorted)
 
   @pl.when(wg < 2)
@@ -455,9 +493,9 @@ def _fwd_kernel(ids_ref, num_ref, blk_ref, steps_ref, unmasked_ref, src_ref, seg
     scale = sm_scale * _LOG2E
 
     def item_body(s, item, gstep):
-      b, g, i, j, n, unmasked = item
+      b, g, i, j, n, unmasked, box = item
       rows = pl.ds(i * ITEM_ROWS + wg * _ROWS, _ROWS)
-      keep = _masker(*_take_rows(scoped, shape), scoped.kseg)
+      keep = _masker(*_take_rows(scoped, shape, box), scoped.kseg)
       if qs_ref is not None:
         plgpu.copy_smem_to_gmem(q_tile, qs_ref.at[b, g, rows])
 
@@ -587,8 +625,9 @@ def _fwd_kernel(ids_ref, num_ref, blk_ref, steps_ref, unmasked_ref, src_ref, seg
     plgpu.wait_smem_to_gmem(0)
 
 
-def _dq_kernel(ids_ref, num_ref, blk_ref, steps_ref, unmasked_ref, src_ref, seg_ref, pos_ref,
-               lse_ref, delta_ref, q_ref, do_ref, k_ref, v_ref, kseg_ref, dq_ref, *refs,
+def _dq_kernel(ids_ref, num_ref, blk_ref, steps_ref, unmasked_ref, box_ref, src_ref, seg_ref,
+               pos_ref, lse_ref, delta_ref, q_ref, do_ref, k_ref, v_ref, kseg_ref, q_view, do_view,
+               dq_ref, *refs,
                sm_scale, block_size, block_kv, k_stages, v_stages, num_groups, items_per_group,
                grid, p_in_smem, presorted, overlap):
   """dq per sorted row, on the forward's structure: the streams gather q and dO rows; each
@@ -601,11 +640,12 @@ def _dq_kernel(ids_ref, num_ref, blk_ref, steps_ref, unmasked_ref, src_ref, seg_
   bars = scoped.bars
   wg = lax.axis_index("wg")
   trips = _trips(num_ref[0], grid)
-  item_at, item_loop = _item_reader(ids_ref, blk_ref, steps_ref, unmasked_ref, grid=grid,
-                                    num_groups=num_groups, items_per_group=items_per_group)
-  _streams(item_at, item_loop, trips, src_ref, [q_ref, do_ref], [seg_ref, pos_ref], k_ref, v_ref,
-           kseg_ref, scoped, block_size=block_size, block_kv=block_kv, k_stages=k_stages,
-           v_stages=v_stages, presorted=presorted)
+  item_at, item_loop = _item_reader(ids_ref, blk_ref, steps_ref, unmasked_ref, box_ref,
+                                    grid=grid, num_groups=num_groups,
+                                    items_per_group=items_per_group)
+  _streams(item_at, item_loop, trips, src_ref, [q_ref, do_ref], [q_view, do_view],
+           [seg_ref, pos_ref], k_ref, v_ref, kseg_ref, scoped, block_size=block_size,
+           block_kv=block_kv, k_stages=k_stages, v_stages=v_stages, presorted=presorted)
 
   @pl.when(wg < 2)
   def _consumer():
@@ -618,12 +658,12 @@ def _dq_kernel(ids_ref, num_ref, blk_ref, steps_ref, unmasked_ref, src_ref, seg_
     p_smem = scoped.p.at[wg] if p_in_smem else None
 
     def item_body(s, item, carry):
-      b, g, i, j, n, unmasked = item
+      b, g, i, j, n, unmasked, box = item
       rows = pl.ds(i * ITEM_ROWS + wg * _ROWS, _ROWS)
       # Global loads, issued before the wait for the item's rows.
       lse_RK = _per_row(lse_ref.at[b, g, rows], shape) * _LOG2E
       delta_RK = _per_row(delta_ref.at[b, g, rows], shape)
-      keep = _masker(*_take_rows(scoped, shape), scoped.kseg)
+      keep = _masker(*_take_rows(scoped, shape, box), scoped.kseg)
       if dos_ref is not None:
         plgpu.copy_smem_to_gmem(do_tile, dos_ref.at[b, g, rows])
 
@@ -804,16 +844,19 @@ def _stage_counts(stages) -> tuple[int, int]:
 
 
 def _launch(kernel, args, out_type, *, name, layout, segment_ids_BT, block_size, block_kv, stages,
-            presorted, d, dt, num_ctas, interpret, row_out=False):
+            presorted, d, dt, num_ctas, interpret, num_heads, row_out=False):
   """Runs a compute kernel with its streams: persistent CTAs over the used items, four
   warpgroups, the shared-memory buffers and barriers of _Scoped (stages: _stage_counts';
   presorted: per operand whose rows the streams bring, whether it is in sorted order already
-  or gathered row by row; row_out: the kernel writes a per-row output)."""
+  or gathered row by row - whose args end with each such operand's [B, T, Hq, D] view, for
+  the halves box_halves marks; row_out: the kernel writes a per-row output)."""
   ks, vs = _stage_counts(stages)
   gathered = len(presorted)
   _, g, l = layout.row_src_BGL.shape
   ids, num, blk, steps, unmasked = persistent_items(layout, segment_ids_BT,
                                                     block_size=block_size, block_kv=block_kv)
+  # With every operand presorted each half is a box already, on bars.rows.
+  boxes = (jnp.zeros_like(blk) if all(presorted) else box_halves(layout, num_heads))
   num_ctas = _grid(num_ctas, interpret)
   transforms = _smem_transforms(dt)
   kernel = functools.partial(kernel, sm_scale=1.0 / math.sqrt(d), block_size=block_size,
@@ -838,6 +881,7 @@ def _launch(kernel, args, out_type, *, name, layout, segment_ids_BT, block_size,
                 # a box or a copy per row, per operand; + segment, position
                 num_arrivals=sum(1 if p else _ROWS for p in presorted) + 2,
                 num_barriers=2),
+            box=plgpu.Barrier(num_arrivals=gathered + 2, num_barriers=2),
             rows_free=plgpu.Barrier(num_arrivals=2),
             k=plgpu.Barrier(num_arrivals=2, num_barriers=ks),  # K, key segments
             v=plgpu.Barrier(num_barriers=vs),
@@ -847,7 +891,7 @@ def _launch(kernel, args, out_type, *, name, layout, segment_ids_BT, block_size,
     pl.run_scoped(lambda scoped: kernel(*refs, scoped), scratch, collective_axes="wg")
 
   return _persistent_call(entry, out_type, name=name, num_ctas=num_ctas, warpgroups=4,
-                          interpret=interpret)(ids, num, blk, steps, unmasked, *args)
+                          interpret=interpret)(ids, num, blk, steps, unmasked, boxes, *args)
 
 
 def moba_forward_rows(q_BSD, layout, k_BTKD, v_BTKD, segment_ids_BT, *, block_size,
@@ -877,12 +921,13 @@ def moba_forward_rows(q_BSD, layout, k_BTKD, v_BTKD, segment_ids_BT, *, block_si
   return _launch(
       functools.partial(_fwd_kernel, overlap=overlap),
       (layout.row_src_BGL, layout.row_seg_BGL, layout.row_pos_BGL, q_BSD, k_BTKD, v_BTKD,
-       segment_ids_BT.astype(jnp.int32)),
+       segment_ids_BT.astype(jnp.int32), _heads_view(q_BSD, k_BTKD)),
       [jax.ShapeDtypeStruct((b, g, l, d), dt), jax.ShapeDtypeStruct((b, g, l), jnp.float32)]
       + [jax.ShapeDtypeStruct((b, g, l, d), dt)] * sorted_q,
       name="moba_fwd_hopper", layout=layout, segment_ids_BT=segment_ids_BT,
       block_size=block_size, block_kv=bkv, stages=stages, presorted=(False,), d=d, dt=dt,
-      row_out=True, num_ctas=num_ctas, interpret=interpret)
+      row_out=True, num_ctas=num_ctas, interpret=interpret,
+      num_heads=q_BSD.shape[1] // k_BTKD.shape[1])
 
 
 def moba_dq_rows(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_ids_BT, *,
@@ -926,13 +971,22 @@ def moba_dq_rows(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segmen
       functools.partial(_dq_kernel, overlap=overlap),
       (layout.row_src_BGL, layout.row_seg_BGL, layout.row_pos_BGL, sorted_rows(lse_BS, layout),
        sorted_rows(delta_BS, layout), q, do, k_BTKD, v_BTKD,
-       segment_ids_BT.astype(jnp.int32)),
+       segment_ids_BT.astype(jnp.int32),
+       q if presorted else _heads_view(q, k_BTKD),
+       do if presorted and not sorted_do else _heads_view(do, k_BTKD)),
       [jax.ShapeDtypeStruct((b, g, l, d), dt)] * (2 if sorted_do else 1),
       name="moba_dq_hopper", layout=layout, segment_ids_BT=segment_ids_BT,
       block_size=block_size, block_kv=bkv, stages=stages,
       presorted=(presorted, presorted and not sorted_do), d=d, dt=dt, num_ctas=num_ctas,
-      interpret=interpret)
+      interpret=interpret, num_heads=lse_BS.shape[1] // k_BTKD.shape[1])
   return tuple(out) if sorted_do else out[0]
+
+
+def _heads_view(x_BSD, k_BTKD):
+  """[B, T * Hq, D] -> [B, T, Hq, D] (a view: XLA passes the same buffer)."""
+  b, s, d = x_BSD.shape
+  t = k_BTKD.shape[1]
+  return x_BSD.reshape(b, t, s // t, d)
 
 
 def gather_rows(x_BSD, layout, interpret):
