@@ -75,8 +75,9 @@ class MobaBlockSizes:
   fast_exp2: bool = True
   # Hopper dk/dv only: split a key tile whose run is longer than its per-CTA share into parts
   # (hopper.dkv_items). None: on for head_dim <= 64 (H200, 14/2 x 64, block 512, top-3: the
-  # model's train step 3% faster, its dk/dv 36%; random inputs 0.5%), off above (16/16 x 128,
-  # random inputs, no tile split: 4% slower from the parts' glue and epilogue).
+  # model's train step 3% faster, its dk/dv 36%; random inputs: kernels 2.545 ms without,
+  # 2.497 with, two sessions), off above (16/16 x 128, random inputs, no tile split: the
+  # step's kernels 2.6% slower, dk/dv +0.027 ms and the parts' glue ~0.07 ms; BENCHMARKS.md).
   split_dkv_runs: bool | None = None
 
   def check(self, block_size: int) -> None:
