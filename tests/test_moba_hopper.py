@@ -379,19 +379,6 @@ def test_attention_with_mosaic_kernels_matches_reference():
   assert np.all(np.asarray(got[0], np.float32)[pad] == 0)
 
 
-@pytest.mark.parametrize("hq, hkv, block_size", [(2, 2, 256), (4, 2, 128)])
-def test_persistent_items_run_most_key_steps_first(hq, hkv, block_size):
-  """The forward's and dq's item list: every used item once, the used ones first, by key
-  steps from most to fewest, ties in flat order (a stable descending sort, on fresh
-  layouts)."""
-  _, _, _, _, layout, _, _, seg = kernel_args(hq, hkv, block_size)
-  ids, num, blk, steps, _ = map(np.asarray, hopper.persistent_items(
-      layout, seg, block_size=block_size, block_kv=64))
-  key = np.where(blk >= 0, steps, 0)
-  np.testing.assert_array_equal(ids, np.argsort(-key, kind="stable"))
-  assert int(num[0]) == (blk >= 0).sum() and len(set(steps[ids[:int(num[0])]])) > 1
-
-
 @pytest.mark.parametrize("num", [1, 7, 300])
 def test_longest_first_is_a_stable_descending_argsort(num, monkeypatch):
   """dk/dv's item order, by comparisons and (past the size limit) by a sort."""

@@ -117,16 +117,10 @@ def persistent_items(layout, segment_ids_BT, *, block_size: int, block_kv: int):
   """Work items of the forward: every ITEM_ROWS-row run of a (row, KV group)'s
   sorted rows (the layout padded with pad_rows=ITEM_ROWS, so each reads one block).
 
-  Returns int32 arrays: the used items' flat ids (b * G + g) * I + i, used ones first, most
-  key steps first (ties in flat order), and their count [1]; per flat id its block, its key
-  steps (own-block items stop after their last query's tile) and how many of them come first
-  unmasked (every (row, key) pair attended; gating.attended_key_tiles, padding rows ignored:
-  their outputs are never read).
-
-  The order: a CTA's row gatherer brings the next item's rows while the compute warpgroups
-  run this one, so a short item (a block's first own-block items) ahead of a gathered one
-  leaves them waiting for its rows; longest first, the short items come last, where the last
-  ones balance the CTAs' ends (and, with one query head per KV group, come as boxes)."""
+  Returns int32 arrays: the used items' flat ids (b * G + g) * I + i, used ones first, and
+  their count [1]; per flat id its block, its key steps (own-block items stop after their
+  last query's tile) and how many of them come first unmasked (every (row, key) pair
+  attended; gating.attended_key_tiles, padding rows ignored: their outputs are never read)."""
   b, g, l = layout.row_pos_BGL.shape
   items = l // ITEM_ROWS
   per_item = layout.chunk_block_BGC.shape[-1] // items
@@ -140,21 +134,8 @@ def persistent_items(layout, segment_ids_BT, *, block_size: int, block_kv: int):
       num_blocks=segment_ids_BT.shape[1] // block_size, block_rows=ITEM_ROWS, tile=block_kv,
       ignore_padding_rows=True).reshape(-1)
   used = blk >= 0
-  ids = _by_key_descending(jnp.where(used, steps, 0), block_size // block_kv)
+  ids = jnp.nonzero(used, size=used.size, fill_value=0)[0].astype(jnp.int32)
   return ids, used.sum(dtype=jnp.int32)[None], blk.astype(jnp.int32), steps, unmasked
-
-
-def _by_key_descending(key_I, max_key: int):
-  """int32 [I]: the indices ordered by key (integers in [0, max_key]) from high to low, ties
-  in index order - a counting sort: each index's rank is the count of larger keys plus that of
-  equal keys before it."""
-  onehot_IK = (key_I[:, None] == jnp.arange(max_key + 1)).astype(jnp.int32)
-  before_IK = jnp.cumsum(onehot_IK, axis=0) - onehot_IK
-  larger_K = jnp.cumsum(onehot_IK.sum(0)[::-1])[::-1] - onehot_IK.sum(0)
-  rank_I = jnp.sum(onehot_IK * (before_IK + larger_K), axis=1)
-  num = key_I.shape[0]
-  return jnp.zeros((num,), jnp.int32).at[rank_I].set(jnp.arange(num, dtype=jnp.int32),
-                                                     unique_indices=True)
 
 
 def box_halves(layout, num_heads: int):
