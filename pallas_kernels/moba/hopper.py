@@ -156,10 +156,9 @@ def box_halves(layout, num_heads: int):
 def _item_reader(ids_ref, blk_ref, steps_ref, unmasked_ref, box_ref, *, grid, num_groups,
                  items_per_group):
   """Returns item_at(s): (b, g, i, block, key steps, unmasked steps, box halves) of this
-  CTA's s-th item
-  (cta + s * grid), and item_loop(trips, body, init): the loop over the CTA's items,
-  carry = body(s, item_at(s), carry), with each item's fields loaded one item ahead and its
-  id two ahead, so that these global loads (a dependent pair) wait behind an item's work
+  CTA's s-th item (cta + s * grid), and item_loop(trips, body, init): the loop over the CTA's
+  items, carry = body(s, item_at(s), carry), with each item's fields loaded one item ahead and
+  its id two ahead, so that these global loads (a dependent pair) wait behind an item's work
   instead of in front of the next one."""
   cta = lax.axis_index("cta")
   flat_at = lambda s: ids_ref[jnp.minimum(cta + s * grid, ids_ref.shape[0] - 1)]
@@ -252,7 +251,7 @@ def _streams(item_at, item_loop, trips, src_ref, gathered, views, row_refs, k_re
     if all(presorted):
       @pl.loop(0, trips)
       def _item(s):
-        b, g, i, _, _, _, _ = item_at(s)
+        b, g, i, *_ = item_at(s)
         with jax.named_scope("wait_rows_free"):
           plgpu.barrier_wait(bars.rows_free)
         for w in range(2):
@@ -461,9 +460,8 @@ def _split_steps(first, unmasked, n, step, carry):
 
 def _fwd_kernel(ids_ref, num_ref, blk_ref, steps_ref, unmasked_ref, box_ref, src_ref, seg_ref,
                 pos_ref, q_ref, k_ref, v_ref, kseg_ref, q_view, o_ref, lse_ref, *refs, sm_scale,
-                block_size,
-                block_kv, k_stages, v_stages, num_groups, items_per_group, grid, p_in_smem,
-                presorted, overlap):
+                block_size, block_kv, k_stages, v_stages, num_groups, items_per_group, grid,
+                p_in_smem, presorted, overlap):
   """Four warpgroups per CTA: two compute warpgroups (64 rows of an item each) and the two
   streams of _streams (K/V tiles; query rows). Each CTA runs items cta, cta + grid, ... of
   the used-item list, so the streams run on across items. The output leaves through the
@@ -627,9 +625,8 @@ def _fwd_kernel(ids_ref, num_ref, blk_ref, steps_ref, unmasked_ref, box_ref, src
 
 def _dq_kernel(ids_ref, num_ref, blk_ref, steps_ref, unmasked_ref, box_ref, src_ref, seg_ref,
                pos_ref, lse_ref, delta_ref, q_ref, do_ref, k_ref, v_ref, kseg_ref, q_view, do_view,
-               dq_ref, *refs,
-               sm_scale, block_size, block_kv, k_stages, v_stages, num_groups, items_per_group,
-               grid, p_in_smem, presorted, overlap):
+               dq_ref, *refs, sm_scale, block_size, block_kv, k_stages, v_stages, num_groups,
+               items_per_group, grid, p_in_smem, presorted, overlap):
   """dq per sorted row, on the forward's structure: the streams gather q and dO rows; each
   compute warpgroup runs S = q K^T and dP = dO V^T, dS = P (dP - delta) with
   P = exp(S - lse), and dq += dS K (dS from registers), taking turns on the tensor cores
@@ -848,8 +845,9 @@ def _launch(kernel, args, out_type, *, name, layout, segment_ids_BT, block_size,
   """Runs a compute kernel with its streams: persistent CTAs over the used items, four
   warpgroups, the shared-memory buffers and barriers of _Scoped (stages: _stage_counts';
   presorted: per operand whose rows the streams bring, whether it is in sorted order already
-  or gathered row by row - whose args end with each such operand's [B, T, Hq, D] view, for
-  the halves box_halves marks; row_out: the kernel writes a per-row output)."""
+  or gathered row by row; args end with one view per such operand, [B, T, Hq, D] where it is
+  gathered (for the halves box_halves marks), the operand itself, unused, where presorted;
+  row_out: the kernel writes a per-row output)."""
   ks, vs = _stage_counts(stages)
   gathered = len(presorted)
   _, g, l = layout.row_src_BGL.shape
