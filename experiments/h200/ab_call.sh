@@ -11,6 +11,7 @@
 # round keeps every kernel's ptxas report (registers, spills, wgmma serialization: C75xx).
 # STEP=1 then runs the working tree's GPU tests and its time beside cuDNN at k in KS (3).
 # HLO=1: the working tree's first trace also writes the step's optimized HLO to $OUT/hlo/.
+# Last, a table per trace: kernel time, GPU span and its idle part, forward / dq / dk/dv.
 set -uo pipefail
 OUT=${OUT:?set OUT to a writable directory}
 TREES=${TREES:?set TREES to the source trees to compare}
@@ -36,7 +37,8 @@ for r in $(seq "$ROUNDS"); do
           --backend mosaic --reps 10 --out "$OUT/trace_${tag}_$r.json" "${hlo[@]}" \
           > "/tmp/run_${tag}_$r.log" 2>&1
       echo "trace $tag round $r: exit $?"
-      head -9 "/tmp/run_${tag}_$r.log" | sed "s/^/$tag$r /" >> "$OUT/runs.txt"
+      grep -vE "nvdisasm|Source Location|dump.cc|^$" "/tmp/run_${tag}_$r.log" | head -9 \
+          | sed "s/^/$tag$r /" >> "$OUT/runs.txt"
     else
       # shellcheck disable=SC2086
       "${dump[@]}" timeout 200 python3 "$tree/experiments/persistent_forward.py" $ALONE_ARGS \
@@ -64,3 +66,19 @@ if [ "${STEP:-0}" = 1 ]; then
 fi
 echo "== per run =="
 cat "$OUT/runs.txt"
+if [ "$MODE" = trace ]; then
+  echo "== per trace (ms per step) =="
+  python3 - "$OUT"/trace_*.json <<'PY'
+import json, os, sys
+for path in sys.argv[1:]:
+    if not os.path.exists(path):
+        continue
+    d = json.load(open(path))
+    kinds = {"forward": "moba_fwd", "dq": "moba_dq", "dk/dv": "moba_dkv"}
+    times = {k: sum(r["ms_per_step"] for r in d["rows"] if m in r["kernel"])
+             for k, m in kinds.items()}
+    print(f"{os.path.basename(path):26s} kernels {d['kernel_ms_per_step']:.3f} span "
+          f"{d['step_span_ms']:.3f} idle {d['step_idle_ms']:.3f} "
+          + " ".join(f"{k} {v:.3f}" for k, v in times.items()))
+PY
+fi
