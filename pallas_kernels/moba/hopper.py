@@ -19,9 +19,11 @@ attention.py does not change. What differs:
   tile until its dS K is done, a V tile only until dP) straight on from item to item; a fourth
   warpgroup brings the item's q (dq: and dO) rows into a plain staging buffer - gathered
   row by row by TMA after their ids (the swizzled wgmma tiles take no single-row copies), or
-  one box per half when they come in sorted order (q in dq) - and each compute warpgroup
-  moves its half into its swizzled tiles. The forward can store the q rows it gathered, in
-  sorted order (sorted_q), and dq the dO rows (sorted_do), for the backward. The key tiles
+  one box per half when they come in sorted order (q in dq) or the half is 64 consecutive
+  tokens of one head (a block's own rows with one query head per KV group: box_halves) - and
+  each compute warpgroup moves its half into its swizzled tiles. The forward can store the q
+  rows it gathered, in sorted order (sorted_q), and dq the dO rows (sorted_do), for the
+  backward. The key tiles
   an item attends whole - all of a later block's, the ones before the diagonal of an
   own-block item - run without the mask; own-block items stop after their last query's key
   tile.
