@@ -23,10 +23,9 @@ attention.py does not change. What differs:
   tokens of one head (a block's own rows with one query head per KV group: box_halves) - and
   each compute warpgroup moves its half into its swizzled tiles. The forward can store the q
   rows it gathered, in sorted order (sorted_q), and dq the dO rows (sorted_do), for the
-  backward. The key tiles
-  an item attends whole - all of a later block's, the ones before the diagonal of an
-  own-block item - run without the mask; own-block items stop after their last query's key
-  tile.
+  backward. The key tiles an item attends whole - all of a later block's, the ones before
+  the diagonal of an own-block item - run without the mask; own-block items stop after their
+  last query's key tile.
 * dk/dv: items of DKV_TILE = 128 keys, one 64-key half per compute warpgroup, holding dK and
   dV in registers over the 64-row chunks of the block's run (q and dO in sorted order - q's
   rows from the forward, dO's from dq - so a chunk is one box), longest items first; the
