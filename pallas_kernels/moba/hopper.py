@@ -307,6 +307,21 @@ def _streams(item_at, item_loop, trips, src_ref, gathered, views, row_refs, k_re
     _await_last_frees([bars.rows_free])
 
 
+def _start_streams(item_refs, src_ref, gathered, views, row_refs, k_ref, v_ref, kseg_ref, scoped,
+                   *, grid, num_groups, items_per_group, **stream_params):
+  """The forward's and dq's common start: this CTA's item count and item reader (item_refs:
+  the item list, its count and the per-item fields, as _launch passes them) and the two
+  streaming warpgroups (_streams, with stream_params). Returns (trips, item_loop)."""
+  ids_ref, num_ref, blk_ref, steps_ref, unmasked_ref, box_ref = item_refs
+  trips = _trips(num_ref[0], grid)
+  item_at, item_loop = _item_reader(ids_ref, blk_ref, steps_ref, unmasked_ref, box_ref,
+                                    grid=grid, num_groups=num_groups,
+                                    items_per_group=items_per_group)
+  _streams(item_at, item_loop, trips, src_ref, gathered, views, row_refs, k_ref, v_ref,
+           kseg_ref, scoped, **stream_params)
+  return trips, item_loop
+
+
 class _Bars(NamedTuple):
   idx: Any       # row ids of an item landed
   rows: Any      # a half's gathered rows landed (per compute warpgroup)
@@ -471,13 +486,11 @@ def _fwd_kernel(ids_ref, num_ref, blk_ref, steps_ref, unmasked_ref, box_ref, src
   qs_ref, scoped = refs if len(refs) == 2 else (None, *refs)
   bars = scoped.bars
   wg = lax.axis_index("wg")
-  trips = _trips(num_ref[0], grid)
-  item_at, item_loop = _item_reader(ids_ref, blk_ref, steps_ref, unmasked_ref, box_ref,
-                                    grid=grid, num_groups=num_groups,
-                                    items_per_group=items_per_group)
-  _streams(item_at, item_loop, trips, src_ref, [q_ref], [q_view], [seg_ref, pos_ref], k_ref,
-           v_ref, kseg_ref, scoped, block_size=block_size, block_kv=block_kv, k_stages=k_stages,
-           v_stages=v_stages, presorted=presorted)
+  trips, item_loop = _start_streams(
+      (ids_ref, num_ref, blk_ref, steps_ref, unmasked_ref, box_ref), src_ref, [q_ref], [q_view],
+      [seg_ref, pos_ref], k_ref, v_ref, kseg_ref, scoped, grid=grid, num_groups=num_groups,
+      items_per_group=items_per_group, block_size=block_size, block_kv=block_kv,
+      k_stages=k_stages, v_stages=v_stages, presorted=presorted)
 
   @pl.when(wg < 2)
   def _consumer():
@@ -637,13 +650,11 @@ def _dq_kernel(ids_ref, num_ref, blk_ref, steps_ref, unmasked_ref, box_ref, src_
   dos_ref, scoped = refs if len(refs) == 2 else (None, *refs)
   bars = scoped.bars
   wg = lax.axis_index("wg")
-  trips = _trips(num_ref[0], grid)
-  item_at, item_loop = _item_reader(ids_ref, blk_ref, steps_ref, unmasked_ref, box_ref,
-                                    grid=grid, num_groups=num_groups,
-                                    items_per_group=items_per_group)
-  _streams(item_at, item_loop, trips, src_ref, [q_ref, do_ref], [q_view, do_view],
-           [seg_ref, pos_ref], k_ref, v_ref, kseg_ref, scoped, block_size=block_size,
-           block_kv=block_kv, k_stages=k_stages, v_stages=v_stages, presorted=presorted)
+  trips, item_loop = _start_streams(
+      (ids_ref, num_ref, blk_ref, steps_ref, unmasked_ref, box_ref), src_ref, [q_ref, do_ref],
+      [q_view, do_view], [seg_ref, pos_ref], k_ref, v_ref, kseg_ref, scoped, grid=grid,
+      num_groups=num_groups, items_per_group=items_per_group, block_size=block_size,
+      block_kv=block_kv, k_stages=k_stages, v_stages=v_stages, presorted=presorted)
 
   @pl.when(wg < 2)
   def _consumer():
