@@ -183,7 +183,8 @@ def test_gather_rows_match_xla_gather():
 
 @pytest.mark.parametrize("hq, hkv, block_size, presorted, sorted_do, overlap", [
     (2, 1, 128, False, False, True), (2, 2, 256, True, False, False),
-    (2, 1, 256, True, True, True), (2, 2, 128, False, True, False)])
+    (2, 1, 256, True, True, True), (2, 2, 128, False, True, False),
+    (2, 2, 256, True, True, False)])
 def test_dq_rows_match_triton_dq(hq, hkv, block_size, presorted, sorted_do, overlap):
   """Partial dq of every row a used chunk holds equals the Triton dq kernel's with the same
   64-key tiles, given the same final lse and delta, on fresh inputs with packed documents
