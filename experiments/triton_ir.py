@@ -39,6 +39,13 @@ from pallas_kernels.moba import moba_attention  # noqa: E402
 H200 = AbstractDevice(device_kind="NVIDIA H200", num_cores=132, platform="cuda")
 
 
+def lower_for_h200(fn, *arg_shapes):
+  """jax.jit(fn) traced on arg_shapes and lowered for an H200, on any host (no GPU needed):
+  the Lowered, whose text holds every kernel's custom call."""
+  with jax.sharding.use_abstract_mesh(AbstractMesh((1,), ("x",), abstract_device=H200)):
+    return jax.jit(fn).trace(*arg_shapes).lower(lowering_platforms=("cuda",))
+
+
 def lower_kernels(fn, *arg_shapes) -> list[dict]:
   """[{name, num_warps, num_stages, ttir}] of every Pallas Triton kernel in jit(fn), lowered for
   an H200 on any host."""
@@ -46,8 +53,7 @@ def lower_kernels(fn, *arg_shapes) -> list[dict]:
   from jax._src.lib.mlir import ir  # noqa: PLC0415
   from jax._src.lib.triton import dialect as tt_dialect  # noqa: PLC0415
 
-  with jax.sharding.use_abstract_mesh(AbstractMesh((1,), ("x",), abstract_device=H200)):
-    lowered = jax.jit(fn).trace(*arg_shapes).lower(lowering_platforms=("cuda",))
+  lowered = lower_for_h200(fn, *arg_shapes)
   calls = []
 
   def walk(op):

@@ -51,7 +51,7 @@ def test_box_halves_are_the_consecutive_token_halves(hq, hkv, block_size):
   """box_halves marks exactly the halves (64 sorted rows) whose rows are 64 consecutive tokens
   of one query head - checked row by row on fresh layouts; some exist with one query head
   per KV group (a block's own tokens), none with two."""
-  q_BSD, _, _, _, layout, _, _, seg = kernel_args(hq, hkv, block_size)
+  _, _, _, _, layout, _, _, seg = kernel_args(hq, hkv, block_size)
   src = np.asarray(layout.row_src_BGL)
   b, g, l = src.shape
   got = np.asarray(hopper.box_halves(layout, hq)).reshape(b, g, l // hopper.ITEM_ROWS)
@@ -465,8 +465,7 @@ def test_kernels_fit_h200_shared_memory(kernel, hq, hkv, d, block_size, stages, 
   lowering): each kernel's default configuration fits at the headline shapes; one more
   pipeline stage at head_dim 128 does not (dq with both operands sorted: two more; dq's
   default is three K stages and two V)."""
-  from jax.sharding import AbstractMesh
-  from experiments.triton_ir import H200
+  from experiments.triton_ir import lower_for_h200
   from pallas_kernels.moba.attention import _fused_gate
   t, k_max = 32768, 3
   shape = lambda h: jax.ShapeDtypeStruct((1, t, h, d), jnp.bfloat16)
@@ -488,13 +487,11 @@ def test_kernels_fit_h200_shared_memory(kernel, hq, hkv, d, block_size, stages, 
 
   args = (shape(hq), shape(hkv), shape(hkv), shape(hq), jax.ShapeDtypeStruct((1, t), jnp.int32),
           jax.ShapeDtypeStruct((1,), jnp.int32))
-  with jax.sharding.use_abstract_mesh(AbstractMesh((1,), ("x",), abstract_device=H200)):
-    lower = lambda: jax.jit(run).trace(*args).lower(lowering_platforms=("cuda",))
-    if fits:
-      assert "mosaic_gpu" in lower().as_text()
-    else:
-      with pytest.raises(ValueError, match="shared memory"):
-        lower()
+  if fits:
+    assert "mosaic_gpu" in lower_for_h200(run, *args).as_text()
+  else:
+    with pytest.raises(ValueError, match="shared memory"):
+      lower_for_h200(run, *args)
 
 
 @pytest.mark.parametrize("hq, hkv, d, backend", [(16, 16, 128, "mosaic"), (14, 2, 64, "mosaic"),
@@ -504,8 +501,7 @@ def test_step_glue_has_no_while_loop(hq, hkv, d, backend, monkeypatch):
   loop outside the kernels (custom calls): XLA's GPU runtime reads a while loop's condition
   back to the host on every trip, the GPU idle meanwhile. Both Hopper dk/dv item plans (whole
   runs at head_dim 128, split runs at 64) and the Triton kernels' glue."""
-  from jax.sharding import AbstractMesh
-  from experiments.triton_ir import H200
+  from experiments.triton_ir import lower_for_h200
   from pallas_kernels.moba import moba_attention
   monkeypatch.setattr(hopper, "check_device", lambda interpret: None)  # the CPU lowers for a GPU
   t, block_size = 4096, 512
@@ -517,8 +513,6 @@ def test_step_glue_has_no_while_loop(hq, hkv, d, backend, monkeypatch):
 
   args = (shape(hq), shape(hkv), shape(hkv), shape(hq), jax.ShapeDtypeStruct((1, t), jnp.int32),
           jax.ShapeDtypeStruct((1,), jnp.int32))
-  with jax.sharding.use_abstract_mesh(AbstractMesh((1,), ("x",), abstract_device=H200)):
-    text = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).trace(*args).lower(
-        lowering_platforms=("cuda",)).as_text()
+  text = lower_for_h200(jax.grad(loss, argnums=(0, 1, 2)), *args).as_text()
   assert text.count("mosaic_gpu" if backend == "mosaic" else "xla.gpu.triton") >= 3
   assert "stablehlo.while" not in text

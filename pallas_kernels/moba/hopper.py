@@ -154,6 +154,11 @@ def box_halves(layout, num_heads: int):
   return (whole[..., 0].astype(jnp.int32) | (whole[..., 1].astype(jnp.int32) << 1)).reshape(-1)
 
 
+def _half_is_box(box, half):
+  """In a kernel: whether box_halves' bits `box` mark half `half` (0 or 1, may be traced)."""
+  return lax.rem(lax.shift_right_logical(box, jnp.asarray(half, jnp.int32)), 2) == 1
+
+
 def _item_reader(ids_ref, blk_ref, steps_ref, unmasked_ref, box_ref, *, grid, num_groups,
                  items_per_group):
   """Returns item_at(s): (b, g, i, block, key steps, unmasked steps, box halves) of this
@@ -296,7 +301,7 @@ def _streams(item_at, item_loop, trips, src_ref, gathered, views, row_refs, k_re
         plgpu.barrier_wait(bars.rows_free)  # both halves of the last item moved to their tiles
       with jax.named_scope("gather"):
         for w in range(2):
-          is_box = lax.rem(lax.shift_right_logical(box, jnp.int32(w)), 2) == 1
+          is_box = _half_is_box(box, w)
           pl.when(is_box)(lambda: box_half(b, g, i, w))
           pl.when(jnp.logical_not(is_box))(lambda: gather_half(b, g, i, w))
       # The next item's ids arrive while this item computes, once every thread has read
@@ -408,7 +413,7 @@ def _take_rows(scoped, shape, box):
   Named regions: take_wait_rows (the rows' arrival, on the barrier the item's box_halves bit
   `box` names), take_wait_store (the last output's store), take_rows (the move)."""
   wg = lax.axis_index("wg")
-  is_box = lax.rem(lax.shift_right_logical(box, wg), 2) == 1
+  is_box = _half_is_box(box, wg)
   with jax.named_scope("take_wait_rows"):
     pl.when(is_box)(lambda: plgpu.barrier_wait(scoped.bars.box.at[wg]))
     pl.when(jnp.logical_not(is_box))(lambda: plgpu.barrier_wait(scoped.bars.rows.at[wg]))
