@@ -19,9 +19,11 @@ attention.py does not change. What differs:
   tile until its dS K is done, a V tile only until dP) straight on from item to item; a fourth
   warpgroup brings the item's q (dq: and dO) rows into a plain staging buffer - gathered
   row by row by TMA after their ids (the swizzled wgmma tiles take no single-row copies), or
-  one box per half when they come in sorted order (q in dq) or the half is 64 consecutive
-  tokens of one head (a block's own rows with one query head per KV group: box_halves) - and
-  each compute warpgroup moves its half into its swizzled tiles. The forward can store the q
+  one box per half where the half is 64 consecutive tokens of one head (a block's own rows
+  with one query head per KV group: box_halves) - and each compute warpgroup moves its half
+  into its swizzled tiles; rows already in sorted order (q in dq) come as one box per half
+  straight into the item's swizzled tile, one of two by item parity, so dq's output can leave
+  through it while the next item's rows arrive. The forward can store the q
   rows it gathered, in sorted order (sorted_q), and dq the dO rows (sorted_do), for the
   backward. The key tiles an item attends whole - all of a later block's, the ones before
   the diagonal of an own-block item - run without the mask; own-block items stop after their
@@ -207,13 +209,29 @@ def _streams(item_at, item_loop, trips, src_ref, gathered, views, row_refs, k_re
   compute warpgroups move into their swizzled tiles. 128 single-row copies per item and ref,
   issued by one thread, would hold up the K/V stream if one warpgroup issued both.
   presorted: per ref of `gathered`, whether it already holds the rows in sorted order
-  ([B, G, L, D]): then each half is one box copy (and with every ref so, no row ids are
-  read). views: per ref of `gathered`, the same array viewed [B, T, Hq, D]: a half whose rows
-  are 64 consecutive tokens of one head (the item's box_halves bit) comes from it in one
-  strided box, every operand's part and the rows' segment and position then arriving on
-  bars.box instead of bars.rows (_take_rows waits on the one the item's bit names)."""
+  ([B, G, L, D]): then each half is one box copy, straight into the item's swizzled tile
+  (scoped.tiles[n][s % 2]: two per warpgroup, by item parity, with no staging and no move;
+  the gatherer refills the one of item s once bars.tile_free[s % 2] says that item s - 2's
+  output, which leaves through the first operand's tile, has been read out), and with every
+  ref so no row ids are read. views: per ref of `gathered`, the same array viewed
+  [B, T, Hq, D]: a half whose rows are 64 consecutive tokens of one head (the item's
+  box_halves bit) comes from it in one strided box, every operand's part and the rows'
+  segment and position then arriving on bars.box instead of bars.rows (_take_rows waits on
+  the one the item's bit names)."""
   idx_smem, stage_smems, k_smem, v_smem = scoped.idx, scoped.stages, scoped.k, scoped.v
   bars = scoped.bars
+  # Where each ref's half lands: its staging buffer, or (presorted) the item's tile.
+  dest = lambda n, buf, w: (scoped.tiles[n].at[buf, w] if presorted[n]
+                            else stage_smems[n].at[w])
+  tile_frees = _slots(bars.tile_free, 2) if any(presorted) else []
+
+  def wait_frees(s):
+    """Before item s's copies: the staging buffers (and rowi) moved out by both halves of
+    the last item, and (presorted refs) the item's tiles free again."""
+    with jax.named_scope("wait_rows_free"):
+      plgpu.barrier_wait(bars.rows_free)
+      if tile_frees:
+        plgpu.barrier_wait(bars.tile_free.at[lax.rem(s, 2)])
   wg = lax.axis_index("wg")
 
   @pl.when(wg == 2)
@@ -258,58 +276,60 @@ def _streams(item_at, item_loop, trips, src_ref, gathered, views, row_refs, k_re
       @pl.loop(0, trips)
       def _item(s):
         b, g, i, *_ = item_at(s)
-        with jax.named_scope("wait_rows_free"):
-          plgpu.barrier_wait(bars.rows_free)
+        wait_frees(s)
         for w in range(2):
           copy_row_values(b, g, i, w, bars.rows.at[w])
           rows = pl.ds(i * ITEM_ROWS + w * _ROWS, _ROWS)
-          for ref, stage in zip(gathered, stage_smems):
-            plgpu.copy_gmem_to_smem(ref.at[b, g, rows], stage.at[w], bars.rows.at[w])
+          for n, ref in enumerate(gathered):
+            plgpu.copy_gmem_to_smem(ref.at[b, g, rows], dest(n, lax.rem(s, 2), w),
+                                    bars.rows.at[w])
 
-      _await_last_frees([bars.rows_free])
+      _await_last_frees([bars.rows_free, *tile_frees])
       return
     pl.when(trips > 0)(lambda: fetch_ids(0))
 
-    def gather_half(b, g, i, w):
+    def gather_half(b, g, i, w, buf):
       rows = pl.ds(i * ITEM_ROWS + w * _ROWS, _ROWS)
       copy_row_values(b, g, i, w, bars.rows.at[w])
-      for ref, stage, whole in zip(gathered, stage_smems, presorted):
-        if whole:
-          plgpu.copy_gmem_to_smem(ref.at[b, g, rows], stage.at[w], bars.rows.at[w])
+      for n, ref in enumerate(gathered):
+        if presorted[n]:
+          plgpu.copy_gmem_to_smem(ref.at[b, g, rows], dest(n, buf, w), bars.rows.at[w])
       for r in range(_ROWS):
         row = pl.ds(idx_smem[w * _ROWS + r], 1)
-        for ref, stage, whole in zip(gathered, stage_smems, presorted):
-          if not whole:
-            plgpu.copy_gmem_to_smem(ref.at[b, row], stage.at[w, pl.ds(r, 1)], bars.rows.at[w])
+        for n, ref in enumerate(gathered):
+          if not presorted[n]:
+            plgpu.copy_gmem_to_smem(ref.at[b, row], stage_smems[n].at[w, pl.ds(r, 1)],
+                                    bars.rows.at[w])
 
-    def box_half(b, g, i, w):
+    def box_half(b, g, i, w, buf):
       rows = pl.ds(i * ITEM_ROWS + w * _ROWS, _ROWS)
       copy_row_values(b, g, i, w, bars.box.at[w])
       first = idx_smem[w * _ROWS]
-      for ref, view, stage, whole in zip(gathered, views, stage_smems, presorted):
+      for n, (ref, view) in enumerate(zip(gathered, views)):
         src = ref.at[b, g, rows]
-        if not whole:
+        if not presorted[n]:
           heads = view.shape[2]
           src = view.at[b, pl.ds(lax.div(first, heads), _ROWS), lax.rem(first, heads)]
-        plgpu.copy_gmem_to_smem(src, stage.at[w], bars.box.at[w])
+        plgpu.copy_gmem_to_smem(src, dest(n, buf, w), bars.box.at[w])
 
     @pl.loop(0, trips)
     def _item(s):
       b, g, i, _, _, _, box = item_at(s)
       with jax.named_scope("wait_rows_free"):
         plgpu.barrier_wait(bars.idx)
-        plgpu.barrier_wait(bars.rows_free)  # both halves of the last item moved to their tiles
+      wait_frees(s)
       with jax.named_scope("gather"):
         for w in range(2):
           is_box = _half_is_box(box, w)
-          pl.when(is_box)(lambda: box_half(b, g, i, w))
-          pl.when(jnp.logical_not(is_box))(lambda: gather_half(b, g, i, w))
+          buf = lax.rem(s, 2)
+          pl.when(is_box)(lambda: box_half(b, g, i, w, buf))
+          pl.when(jnp.logical_not(is_box))(lambda: gather_half(b, g, i, w, buf))
       # The next item's ids arrive while this item computes, once every thread has read
       # this item's (the warpgroup barrier, after a proxy fence, of commit_smem).
       plgpu.commit_smem()
       pl.when(s + 1 < trips)(lambda: fetch_ids(s + 1))
 
-    _await_last_frees([bars.rows_free])
+    _await_last_frees([bars.rows_free, *tile_frees])
 
 
 def _start_streams(item_refs, src_ref, gathered, views, row_refs, k_ref, v_ref, kseg_ref, scoped,
@@ -332,6 +352,7 @@ class _Bars(NamedTuple):
   rows: Any      # a half's gathered rows landed (per compute warpgroup)
   box: Any       # a half's rows landed as one box per operand (per compute warpgroup)
   rows_free: Any  # both halves moved out of the staging buffers
+  tile_free: Any  # (presorted operands) per item parity: its tiles free for the next refill
   k: Any         # K tile and its key segment ids landed (per slot)
   v: Any         # V tile landed (per slot)
   k_free: Any    # K slot read by both compute warpgroups
@@ -340,8 +361,9 @@ class _Bars(NamedTuple):
 
 
 class _Scoped(NamedTuple):
-  stages: Any   # per gathered ref: (2, 64, D) plain staging
+  stages: Any   # per gathered ref: (2, 64, D) plain staging (None: presorted)
   tiles: Any    # per gathered ref: (2, 64, D) swizzled wgmma operand, one per warpgroup
+                # (presorted: (2, 2, 64, D), per item parity and warpgroup)
   k: Any        # (k_stages, block_kv, D) swizzled
   v: Any        # (v_stages, block_kv, D) swizzled
   kseg: Any     # (k_stages, block_kv) int32: the K tile's key segment ids
@@ -407,25 +429,55 @@ def _slots(bar, n):
 
 
 def _take_rows(scoped, shape, box):
-  """Moves this warpgroup's half of the item's gathered rows into its swizzled tiles (once
-  the last item's output, which leaves through the first tile, has been read out) and
-  reads its rows' segment and position, returned broadcast to `shape` ([64, block_kv]).
+  """Moves this warpgroup's half of the item's gathered rows from staging into its swizzled
+  tiles (presorted operands came straight into theirs) and reads its rows' segment and
+  position, returned broadcast to `shape` ([64, block_kv]). A move first waits for the
+  stores that read its tiles: every store of this warpgroup where the output leaves through
+  a moved tile (the first operand's), else all but the last item's output, which left
+  through a tile of its own (_release_tiles frees that one).
   Named regions: take_wait_rows (the rows' arrival, on the barrier the item's box_halves bit
-  `box` names), take_wait_store (the last output's store), take_rows (the move)."""
+  `box` names), take_wait_store (the stores), take_rows (the move)."""
   wg = lax.axis_index("wg")
   is_box = _half_is_box(box, wg)
   with jax.named_scope("take_wait_rows"):
     pl.when(is_box)(lambda: plgpu.barrier_wait(scoped.bars.box.at[wg]))
     pl.when(jnp.logical_not(is_box))(lambda: plgpu.barrier_wait(scoped.bars.rows.at[wg]))
-  with jax.named_scope("take_wait_store"):
-    plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+  moved = [(stage, tile) for stage, tile in zip(scoped.stages, scoped.tiles) if stage is not None]
+  if moved:
+    with jax.named_scope("take_wait_store"):
+      plgpu.wait_smem_to_gmem(0 if scoped.stages[0] is not None else 1, wait_read_only=True)
   with jax.named_scope("take_rows"):
-    for stage, tile in zip(scoped.stages, scoped.tiles):
+    for stage, tile in moved:
       tile.at[wg][...] = stage.at[wg][...]
     values = [_per_row(scoped.rowi.at[wg, n], shape) for n in range(2)]
     plgpu.commit_smem()
     plgpu.barrier_arrive(scoped.bars.rows_free)
   return values
+
+
+def _item_tile(scoped, n, s):
+  """This warpgroup's tile of gathered operand n for its item s."""
+  tile = scoped.tiles[n]
+  wg = lax.axis_index("wg")
+  return tile.at[wg] if scoped.stages[n] is not None else tile.at[lax.rem(s, 2), wg]
+
+
+def _release_tiles(bars, s, pending: int):
+  """During item s (> 0; presorted operands): once item s - 1's output store, which left
+  through its tiles, has read them, hands those tiles back to the gatherer (for item s + 1).
+  pending: the stores this warpgroup has issued since, which may stay in flight."""
+  def release():
+    with jax.named_scope("release_wait_store"):
+      plgpu.wait_smem_to_gmem(pending, wait_read_only=True)
+    plgpu.barrier_arrive(bars.tile_free.at[lax.rem(s + 1, 2)])
+
+  pl.when(s > 0)(release)
+
+
+def _release_last_tiles(bars, trips):
+  """After a warpgroup's last item: _release_tiles for it (the gatherer's last wait)."""
+  plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+  pl.when(trips > 0)(lambda: plgpu.barrier_arrive(bars.tile_free.at[lax.rem(trips + 1, 2)]))
 
 
 def _per_row(ref, shape):
@@ -649,7 +701,8 @@ def _dq_kernel(ids_ref, num_ref, blk_ref, steps_ref, unmasked_ref, box_ref, src_
   """dq per sorted row, on the forward's structure: the streams gather q and dO rows; each
   compute warpgroup runs S = q K^T and dP = dO V^T, dS = P (dP - delta) with
   P = exp(S - lse), and dq += dS K (dS from registers), taking turns on the tensor cores
-  with the other. lse and delta come per sorted row. dq leaves through the q tile. With a
+  with the other. lse and delta come per sorted row. dq leaves through the q tile (presorted
+  q: the item's own one of two, so the next item's rows need not wait for that store). With a
   second output (refs = (dos_ref, scoped)), each warpgroup also stores its dO rows there, in
   sorted order, for the dk/dv kernel."""
   dos_ref, scoped = refs if len(refs) == 2 else (None, *refs)
@@ -661,19 +714,24 @@ def _dq_kernel(ids_ref, num_ref, blk_ref, steps_ref, unmasked_ref, box_ref, src_
       num_groups=num_groups, items_per_group=items_per_group, block_size=block_size,
       block_kv=block_kv, k_stages=k_stages, v_stages=v_stages, presorted=presorted)
 
+  tile_frees = _slots(bars.tile_free, 2) if any(presorted) else []
+
   @pl.when(wg < 2)
   def _consumer():
     _consumer_setup([bars.rows_free, *_slots(bars.k_free, k_stages),
-                     *_slots(bars.v_free, v_stages)])
+                     *_slots(bars.v_free, v_stages), *tile_frees])
     wait_turn, end_turn, finish = _turns(bars.turn)
     shape = (_ROWS, block_kv)
-    q_tile, do_tile = (t.at[wg] for t in scoped.tiles)
-    d = q_tile.shape[-1]
+    d = scoped.k.shape[-1]
+    dt = scoped.k.dtype
     p_smem = scoped.p.at[wg] if p_in_smem else None
+    # Stores this warpgroup issues in an item before its output's: the dO rows'.
+    early_stores = int(dos_ref is not None)
 
     def item_body(s, item, carry):
       b, g, i, j, n, unmasked, box = item
       rows = pl.ds(i * ITEM_ROWS + wg * _ROWS, _ROWS)
+      q_tile, do_tile = (_item_tile(scoped, m, s) for m in range(2))
       # Global loads, issued before the wait for the item's rows.
       lse_RK = _per_row(lse_ref.at[b, g, rows], shape) * _LOG2E
       delta_RK = _per_row(delta_ref.at[b, g, rows], shape)
@@ -690,7 +748,7 @@ def _dq_kernel(ids_ref, num_ref, blk_ref, steps_ref, unmasked_ref, box_ref, src_
           p_RK = lax.cond(step < unmasked, lambda p: p, apply_mask, p_RK)
         elif masked:
           p_RK = apply_mask(p_RK)
-        return (p_RK * (dp_RK - delta_RK)).astype(q_tile.dtype)
+        return (p_RK * (dp_RK - delta_RK)).astype(dt)
 
       def products(kslot, vslot, dq=None):
         """S = q K^T and dP = dO V^T on K slot kslot and V slot vslot, issued in a turn on
@@ -766,8 +824,10 @@ def _dq_kernel(ids_ref, num_ref, blk_ref, steps_ref, unmasked_ref, box_ref, src_
 
       acc = plgpu.layout_cast(jnp.zeros((_ROWS, d), jnp.float32), plgpu.Layout.WGMMA)
       if overlap:
-        ds16_0 = plgpu.layout_cast(jnp.zeros(shape, q_tile.dtype), plgpu.Layout.WGMMA)
+        ds16_0 = plgpu.layout_cast(jnp.zeros(shape, dt), plgpu.Layout.WGMMA)
         carry = overlapped_step(0, (acc, ds16_0, carry), first=True)
+        if tile_frees:  # the last item's output store has had the first step to read
+          _release_tiles(bars, s, early_stores)
         # One loop, as the forward's overlapped schedule (C7513 when split).
         acc, ds16, gstep = lax.fori_loop(
             1, n, functools.partial(overlapped_step, first=False), carry)
@@ -775,14 +835,18 @@ def _dq_kernel(ids_ref, num_ref, blk_ref, steps_ref, unmasked_ref, box_ref, src_
         acc = dq_turn(acc, ds16, lax.rem(gstep + k_stages - 1, k_stages))
       else:
         acc, gstep = _split_steps(0, unmasked, n, plain_step, (acc, carry))
+        if tile_frees:  # (after every step: this schedule is not the default)
+          _release_tiles(bars, s, early_stores)
       with jax.named_scope("epilogue"):
-        q_tile[...] = (acc * sm_scale).astype(q_tile.dtype)
+        q_tile[...] = (acc * sm_scale).astype(dt)
         plgpu.commit_smem()
         plgpu.copy_smem_to_gmem(q_tile, dq_ref.at[b, g, rows])
       return gstep
 
     item_loop(trips, item_body, jnp.int32(0))
     finish()
+    if tile_frees:
+      _release_last_tiles(bars, trips)
     plgpu.wait_smem_to_gmem(0)
 
 
@@ -882,8 +946,9 @@ def _launch(kernel, args, out_type, *, name, layout, segment_ids_BT, block_size,
   def entry(*refs):
     scratch = _Scoped(
         idx=None if all(presorted) else plgpu.SMEM((ITEM_ROWS,), jnp.int32),
-        stages=[plgpu.SMEM((2, _ROWS, d), dt) for _ in range(gathered)],
-        tiles=[plgpu.SMEM((2, _ROWS, d), dt, transforms=transforms) for _ in range(gathered)],
+        stages=[None if p else plgpu.SMEM((2, _ROWS, d), dt) for p in presorted],
+        tiles=[plgpu.SMEM((2, 2, _ROWS, d) if p else (2, _ROWS, d), dt, transforms=transforms)
+               for p in presorted],
         k=plgpu.SMEM((ks, block_kv, d), dt, transforms=transforms),
         v=plgpu.SMEM((vs, block_kv, d), dt, transforms=transforms),
         kseg=plgpu.SMEM((ks, block_kv), jnp.int32),
@@ -898,6 +963,7 @@ def _launch(kernel, args, out_type, *, name, layout, segment_ids_BT, block_size,
                 num_barriers=2),
             box=plgpu.Barrier(num_arrivals=gathered + 2, num_barriers=2),
             rows_free=plgpu.Barrier(num_arrivals=2),
+            tile_free=plgpu.Barrier(num_arrivals=2, num_barriers=2) if any(presorted) else None,
             k=plgpu.Barrier(num_arrivals=2, num_barriers=ks),  # K, key segments
             v=plgpu.Barrier(num_barriers=vs),
             k_free=plgpu.Barrier(num_arrivals=2, num_barriers=ks),
