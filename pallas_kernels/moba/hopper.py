@@ -225,18 +225,13 @@ def _streams(item_at, item_loop, trips, src_ref, gathered, views, row_refs, k_re
                             else stage_smems[n].at[w])
   tile_frees = _slots(bars.tile_free, 2) if any(presorted) else []
 
-  def wait_tiles(s):
-    """Before item s's presorted copies: its tiles free again (waited for after the other
-    copies are issued, as the compute warpgroups free them a step into the last item)."""
-    if tile_frees:
-      with jax.named_scope("wait_tiles_free"):
+  def wait_frees(s):
+    """Before item s's copies: the staging buffers (and rowi) moved out by both halves of
+    the last item, and (presorted refs) the item's tiles free again."""
+    with jax.named_scope("wait_rows_free"):
+      plgpu.barrier_wait(bars.rows_free)
+      if tile_frees:
         plgpu.barrier_wait(bars.tile_free.at[lax.rem(s, 2)])
-
-  def copy_presorted(b, g, i, w, buf, bar):
-    rows = pl.ds(i * ITEM_ROWS + w * _ROWS, _ROWS)
-    for n, ref in enumerate(gathered):
-      if presorted[n]:
-        plgpu.copy_gmem_to_smem(ref.at[b, g, rows], dest(n, buf, w), bar)
   wg = lax.axis_index("wg")
 
   @pl.when(wg == 2)
@@ -281,21 +276,24 @@ def _streams(item_at, item_loop, trips, src_ref, gathered, views, row_refs, k_re
       @pl.loop(0, trips)
       def _item(s):
         b, g, i, *_ = item_at(s)
-        with jax.named_scope("wait_rows_free"):
-          plgpu.barrier_wait(bars.rows_free)
+        wait_frees(s)
         for w in range(2):
           copy_row_values(b, g, i, w, bars.rows.at[w])
-        wait_tiles(s)
-        for w in range(2):
-          copy_presorted(b, g, i, w, lax.rem(s, 2), bars.rows.at[w])
+          rows = pl.ds(i * ITEM_ROWS + w * _ROWS, _ROWS)
+          for n, ref in enumerate(gathered):
+            plgpu.copy_gmem_to_smem(ref.at[b, g, rows], dest(n, lax.rem(s, 2), w),
+                                    bars.rows.at[w])
 
       _await_last_frees([bars.rows_free, *tile_frees])
       return
     pl.when(trips > 0)(lambda: fetch_ids(0))
 
-    def gather_half(b, g, i, w):
-      """The half's rows of the refs not presorted, row by row, on bars.rows."""
+    def gather_half(b, g, i, w, buf):
+      rows = pl.ds(i * ITEM_ROWS + w * _ROWS, _ROWS)
       copy_row_values(b, g, i, w, bars.rows.at[w])
+      for n, ref in enumerate(gathered):
+        if presorted[n]:
+          plgpu.copy_gmem_to_smem(ref.at[b, g, rows], dest(n, buf, w), bars.rows.at[w])
       for r in range(_ROWS):
         row = pl.ds(idx_smem[w * _ROWS + r], 1)
         for n, ref in enumerate(gathered):
@@ -303,35 +301,29 @@ def _streams(item_at, item_loop, trips, src_ref, gathered, views, row_refs, k_re
             plgpu.copy_gmem_to_smem(ref.at[b, row], stage_smems[n].at[w, pl.ds(r, 1)],
                                     bars.rows.at[w])
 
-    def box_half(b, g, i, w):
-      """The half's rows of the refs not presorted, one strided box each, on bars.box."""
+    def box_half(b, g, i, w, buf):
+      rows = pl.ds(i * ITEM_ROWS + w * _ROWS, _ROWS)
       copy_row_values(b, g, i, w, bars.box.at[w])
       first = idx_smem[w * _ROWS]
-      for n, view in enumerate(views):
+      for n, (ref, view) in enumerate(zip(gathered, views)):
+        src = ref.at[b, g, rows]
         if not presorted[n]:
           heads = view.shape[2]
           src = view.at[b, pl.ds(lax.div(first, heads), _ROWS), lax.rem(first, heads)]
-          plgpu.copy_gmem_to_smem(src, stage_smems[n].at[w], bars.box.at[w])
+        plgpu.copy_gmem_to_smem(src, dest(n, buf, w), bars.box.at[w])
 
     @pl.loop(0, trips)
     def _item(s):
       b, g, i, _, _, _, box = item_at(s)
       with jax.named_scope("wait_rows_free"):
         plgpu.barrier_wait(bars.idx)
-        plgpu.barrier_wait(bars.rows_free)  # both halves of the last item moved to their tiles
+      wait_frees(s)
       with jax.named_scope("gather"):
         for w in range(2):
           is_box = _half_is_box(box, w)
-          pl.when(is_box)(lambda: box_half(b, g, i, w))
-          pl.when(jnp.logical_not(is_box))(lambda: gather_half(b, g, i, w))
-      if tile_frees:
-        wait_tiles(s)
-        for w in range(2):
-          is_box = _half_is_box(box, w)
           buf = lax.rem(s, 2)
-          pl.when(is_box)(lambda: copy_presorted(b, g, i, w, buf, bars.box.at[w]))
-          pl.when(jnp.logical_not(is_box))(
-              lambda: copy_presorted(b, g, i, w, buf, bars.rows.at[w]))
+          pl.when(is_box)(lambda: box_half(b, g, i, w, buf))
+          pl.when(jnp.logical_not(is_box))(lambda: gather_half(b, g, i, w, buf))
       # The next item's ids arrive while this item computes, once every thread has read
       # this item's (the warpgroup barrier, after a proxy fence, of commit_smem).
       plgpu.commit_smem()
