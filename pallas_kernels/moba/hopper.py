@@ -738,6 +738,8 @@ def _dq_kernel(ids_ref, num_ref, blk_ref, steps_ref, unmasked_ref, box_ref, src_
       keep = _masker(*_take_rows(scoped, shape, box), scoped.kseg)
       if dos_ref is not None:
         plgpu.copy_smem_to_gmem(do_tile, dos_ref.at[b, g, rows])
+      if tile_frees:  # the gatherer's next refill waits for these tiles
+        _release_tiles(bars, s, early_stores)
 
       def ds(s_RK, dp_RK, step, kslot, masked=None):
         """dS of one key step (q's dtype); masked as the forward's softmax."""
@@ -826,8 +828,6 @@ def _dq_kernel(ids_ref, num_ref, blk_ref, steps_ref, unmasked_ref, box_ref, src_
       if overlap:
         ds16_0 = plgpu.layout_cast(jnp.zeros(shape, dt), plgpu.Layout.WGMMA)
         carry = overlapped_step(0, (acc, ds16_0, carry), first=True)
-        if tile_frees:  # the last item's output store has had the first step to read
-          _release_tiles(bars, s, early_stores)
         # One loop, as the forward's overlapped schedule (C7513 when split).
         acc, ds16, gstep = lax.fori_loop(
             1, n, functools.partial(overlapped_step, first=False), carry)
@@ -835,8 +835,6 @@ def _dq_kernel(ids_ref, num_ref, blk_ref, steps_ref, unmasked_ref, box_ref, src_
         acc = dq_turn(acc, ds16, lax.rem(gstep + k_stages - 1, k_stages))
       else:
         acc, gstep = _split_steps(0, unmasked, n, plain_step, (acc, carry))
-        if tile_frees:  # (after every step: this schedule is not the default)
-          _release_tiles(bars, s, early_stores)
       with jax.named_scope("epilogue"):
         q_tile[...] = (acc * sm_scale).astype(dt)
         plgpu.commit_smem()
