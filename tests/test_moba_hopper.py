@@ -181,18 +181,19 @@ def test_gather_rows_match_xla_gather():
     kernels.gather_rows(do_BSD, layout, run_rows=96, interpret=True)
 
 
-@pytest.mark.parametrize("hq, hkv, block_size, presorted, sorted_do, overlap", [
-    (2, 1, 128, False, False, True), (2, 2, 256, True, False, False),
-    (2, 1, 256, True, True, True), (2, 2, 128, False, True, False),
-    (2, 2, 256, True, True, False)])
-def test_dq_rows_match_triton_dq(hq, hkv, block_size, presorted, sorted_do, overlap):
+@pytest.mark.parametrize("hq, hkv, block_size, presorted, sorted_do, overlap, num_ctas", [
+    (2, 1, 128, False, False, True, 3), (2, 2, 256, True, False, False, 3),
+    (2, 1, 256, True, True, True, 3), (2, 2, 128, False, True, False, 3),
+    (2, 2, 256, True, True, False, 3), (1, 1, 128, True, True, True, 40)])
+def test_dq_rows_match_triton_dq(hq, hkv, block_size, presorted, sorted_do, overlap, num_ctas):
   """Partial dq of every row a used chunk holds equals the Triton dq kernel's with the same
   64-key tiles, given the same final lse and delta, on fresh inputs with packed documents
   and ragged budgets, with q and dO rows gathered by the kernel, by the row-gather kernel
   beforehand, or q's beforehand and dO's by the kernel, which then also returns them in
   sorted order (sorted_do); both schedules of the tensor-core turns (overlap); the
   interpreter's race detector watches the run. Gathered with one query head per KV group,
-  some halves come as one box (box_halves)."""
+  some halves come as one box (box_halves). Presorted q comes into tiles of two item
+  parities, freed per item: the last case has more CTAs than items, so some run none."""
   from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks
   from jax.experimental.pallas import mosaic_gpu as plgpu
   args = kernel_args(hq, hkv, block_size)
@@ -200,11 +201,14 @@ def test_dq_rows_match_triton_dq(hq, hkv, block_size, presorted, sorted_do, over
   if not presorted or sorted_do:
     assert (boxed_halves(layout, args[7], hq, block_size) > 0) == (hq == hkv)
   want = kernels.moba_dq_rows(*args, block_size=block_size, bs=HOPPER, interpret=True)
-  got = hopper.moba_dq_rows(*args, block_size=block_size, bs=HOPPER, num_ctas=3,
+  got = hopper.moba_dq_rows(*args, block_size=block_size, bs=HOPPER, num_ctas=num_ctas,
                             presorted=presorted, sorted_do=sorted_do, overlap=overlap,
                             interpret=plgpu.InterpretGPUParams(detect_races=True))
   jax.block_until_ready(got)
   assert not gpu_callbacks.get_races().races_found
+  if num_ctas > 3:
+    items = hopper.persistent_items(layout, args[7], block_size=block_size, block_kv=64)[1]
+    assert 0 < int(items[0]) < num_ctas
   real_BGL = np.repeat(np.asarray(layout.chunk_block_BGC) >= 0, HOPPER.block_rows, axis=-1) & (
       np.asarray(layout.row_seg_BGL) != 0)
   if sorted_do:
