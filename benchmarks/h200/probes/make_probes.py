@@ -1,6 +1,8 @@
 """Builds the probe trees of the 2026-12-01 (fourth session) calls: copies of a source tree
 whose Hopper kernels leave one piece of work out (or do less of it), to time what that piece
-costs. Their results are wrong by construction; only their time is read.
+costs. Their results are wrong by construction; only their time is read. The calls probed
+0c722e2's kernels; notake and dqq match those only (dq's take changed after), the others
+later kernels too.
 
     git archive 0c722e2 pallas_kernels experiments | tar -x -C ab_x
     python3 benchmarks/h200/probes/make_probes.py ab_x halfv   # then TREES=". ab_x" ab_call.sh
@@ -10,7 +12,9 @@ traffic), noexp (no exponentials in any kernel), norescale (the forward's output
 rescaled per key step), nosoftmax (the forward's unmasked key steps skip the softmax and the
 rescale), notake (forward and dq: no wait for the last output's store and no staging-to-tile
 move), noepi (the forward stores no output), dqq (dq moves dO only and lets the last output's
-store pend: what sending q straight into a second tile would save).
+store pend: what sending q straight into a second tile would save); prepared for a later
+call, not yet run: noturns (all three kernels: the compute warpgroups issue their products
+without taking turns - what the turn handoffs cost; applies to 0c722e2 and later).
 """
 
 import pathlib
@@ -28,6 +32,13 @@ EXPS = ['jnp.exp2(s_RK * scale - lax.broadcast_in_dim(m_next, shape, [0]))',
         'jnp.exp2(s_RK - lax.broadcast_in_dim(m_next, shape, [0]))',
         'jnp.exp2(s_RK * (sm_scale * _LOG2E) - lse_RK)',
         'jnp.exp2(s_KR * (sm_scale * _LOG2E) - cols(rowf_smem.at[slot, 0]))']
+
+TURNS = '''  wg = lax.axis_index("wg")
+  pl.when(wg == 1)(lambda: plgpu.barrier_arrive(turn.at[0]))
+  wait_turn = lambda: plgpu.barrier_wait(turn.at[wg])
+  end_turn = lambda: plgpu.barrier_arrive(turn.at[1 - wg])
+  return wait_turn, end_turn, lambda: pl.when(wg == 0)(wait_turn)
+'''
 
 PROBES = {
     "halfv": [
@@ -70,6 +81,10 @@ PROBES = {
         plgpu.copy_smem_to_gmem(q_tile, o_ref.at[b, g, rows])''',
          '''        scoped.row_out.at[wg][...] = (m + jnp.log2(l) + acc.max(axis=1)) / _LOG2E
         plgpu.commit_smem()''')],
+    "noturns": [(TURNS, '''  del turn
+  nothing = lambda: None
+  return nothing, nothing, nothing
+''')],
     "dqq": [(TAKE, '''  dq = len(scoped.stages) == 2
   with jax.named_scope("take_wait_store"):
     plgpu.wait_smem_to_gmem(1 if dq else 0, wait_read_only=True)
