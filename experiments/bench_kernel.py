@@ -113,10 +113,17 @@ def attended_pairs(sel, block: int, group: int) -> int:
   return int(np.sum((count_BTG - 1) * block + own_T[None, :, None])) * group
 
 
+def dense_causal(interpret: bool):
+  """The reference every MoBA time is set beside: dense causal attention (q, k, v) -> out by
+  cuDNN (XLA's own on the CPU, for interpret-mode smoke runs)."""
+  impl = "xla" if interpret else "cudnn"
+  return lambda q, k, v: jax.nn.dot_product_attention(q, k, v, implementation=impl,
+                                                      is_causal=True)
+
+
 def bench_cudnn(t, hq, hkv, d, reps):
   q, k, v, do = inputs(0, 1, t, hq, hkv, d, jnp.bfloat16)
-  impl = "xla" if INTERPRET else "cudnn"
-  f = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, implementation=impl, is_causal=True)
+  f = dense_causal(INTERPRET)
   fwd_ms = timeit(jax.jit(f), q, k, v, reps=reps)
   fb_ms = timeit(fwd_bwd(f), q, k, v, do, reps=reps)
   fb_pipe_ms = timeit_pipelined(fwd_bwd(f), q, k, v, do)

@@ -38,7 +38,8 @@ import jax
 import jax.numpy as jnp
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from experiments.bench_kernel import add_point_args, fwd_bwd, point_inputs, step_gating  # noqa: E402
+from experiments.bench_kernel import (add_point_args, dense_causal, fwd_bwd,  # noqa: E402
+                                      point_inputs, step_gating)
 from experiments.trace_moba import (_gpu_threads, host_event_times, load_trace,  # noqa: E402
                                     stream_kernels)
 from pallas_kernels.moba import MobaBlockSizes, gating, moba_attention  # noqa: E402
@@ -308,8 +309,7 @@ def main():
     fns = {"step": calls(args)["step"]}
     if not args.interpret:
       _, q, k, v, do, _, _ = point_inputs(args)
-      fns["cudnn"] = (fwd_bwd(lambda q, k, v: jax.nn.dot_product_attention(
-          q, k, v, implementation="cudnn", is_causal=True)), (q, k, v, do))
+      fns["cudnn"] = (fwd_bwd(dense_causal(False)), (q, k, v, do))
     result = {"pipeline_rounds": pipeline_rounds(fns, args.pipeline_rounds, args.calls)}
     if args.out:
       with open(args.out, "w") as f:

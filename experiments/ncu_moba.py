@@ -24,8 +24,8 @@ import sys
 import jax
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from experiments.bench_kernel import (add_point_args, fwd_bwd, parse_variant,  # noqa: E402
-                                      point_inputs, variant_tag)
+from experiments.bench_kernel import (add_point_args, dense_causal, fwd_bwd,  # noqa: E402
+                                      parse_variant, point_inputs, variant_tag)
 from pallas_kernels.moba.attention import BACKENDS  # noqa: E402
 from pallas_kernels.moba import moba_attention  # noqa: E402
 
@@ -48,10 +48,7 @@ def main():
     jax.block_until_ready(fwd_bwd(attend)(q, k, v, do))
     print(f"ran {variant_tag(bs.fit(args.block, d))}", flush=True)
   if args.cudnn:
-    impl = "xla" if args.interpret else "cudnn"
-    dense = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, implementation=impl,
-                                                         is_causal=True)
-    jax.block_until_ready(fwd_bwd(dense)(q, k, v, do))
+    jax.block_until_ready(fwd_bwd(dense_causal(args.interpret))(q, k, v, do))
     print("ran cudnn", flush=True)
 
 
