@@ -220,10 +220,8 @@ def _streams(item_at, item_loop, trips, src_ref, gathered, views, row_refs, k_re
   the one the item's bit names)."""
   idx_smem, stage_smems, k_smem, v_smem = scoped.idx, scoped.stages, scoped.k, scoped.v
   bars = scoped.bars
-  # Where each ref's half lands: its staging buffer, or (presorted) the item's tile.
-  dest = lambda n, buf, w: (scoped.tiles[n].at[buf, w] if presorted[n]
-                            else stage_smems[n].at[w])
-  tile_frees = _slots(bars.tile_free, 2) if any(presorted) else []
+  tile_frees = _tile_frees(bars)
+  half_rows = lambda i, w: pl.ds(i * ITEM_ROWS + w * _ROWS, _ROWS)
 
   def wait_frees(s):
     """Before item s's copies: the staging buffers (and rowi) moved out by both halves of
@@ -268,9 +266,15 @@ def _streams(item_at, item_loop, trips, src_ref, gathered, views, row_refs, k_re
                               idx_smem, bars.idx)
 
     def copy_row_values(b, g, i, w, bar):
-      rows = pl.ds(i * ITEM_ROWS + w * _ROWS, _ROWS)
       for n, ref in enumerate(row_refs):
-        plgpu.copy_gmem_to_smem(ref.at[b, g, rows], scoped.rowi.at[w, n], bar)
+        plgpu.copy_gmem_to_smem(ref.at[b, g, half_rows(i, w)], scoped.rowi.at[w, n], bar)
+
+    def copy_presorted(b, g, i, w, buf, bar):
+      """Half w of the presorted refs, one box each, straight into item parity buf's tiles."""
+      for n, ref in enumerate(gathered):
+        if presorted[n]:
+          plgpu.copy_gmem_to_smem(ref.at[b, g, half_rows(i, w)], scoped.tiles[n].at[buf, w],
+                                  bar)
 
     if all(presorted):
       @pl.loop(0, trips)
@@ -279,21 +283,15 @@ def _streams(item_at, item_loop, trips, src_ref, gathered, views, row_refs, k_re
         wait_frees(s)
         for w in range(2):
           copy_row_values(b, g, i, w, bars.rows.at[w])
-          rows = pl.ds(i * ITEM_ROWS + w * _ROWS, _ROWS)
-          for n, ref in enumerate(gathered):
-            plgpu.copy_gmem_to_smem(ref.at[b, g, rows], dest(n, lax.rem(s, 2), w),
-                                    bars.rows.at[w])
+          copy_presorted(b, g, i, w, lax.rem(s, 2), bars.rows.at[w])
 
       _await_last_frees([bars.rows_free, *tile_frees])
       return
     pl.when(trips > 0)(lambda: fetch_ids(0))
 
     def gather_half(b, g, i, w, buf):
-      rows = pl.ds(i * ITEM_ROWS + w * _ROWS, _ROWS)
       copy_row_values(b, g, i, w, bars.rows.at[w])
-      for n, ref in enumerate(gathered):
-        if presorted[n]:
-          plgpu.copy_gmem_to_smem(ref.at[b, g, rows], dest(n, buf, w), bars.rows.at[w])
+      copy_presorted(b, g, i, w, buf, bars.rows.at[w])
       for r in range(_ROWS):
         row = pl.ds(idx_smem[w * _ROWS + r], 1)
         for n, ref in enumerate(gathered):
@@ -302,15 +300,14 @@ def _streams(item_at, item_loop, trips, src_ref, gathered, views, row_refs, k_re
                                     bars.rows.at[w])
 
     def box_half(b, g, i, w, buf):
-      rows = pl.ds(i * ITEM_ROWS + w * _ROWS, _ROWS)
       copy_row_values(b, g, i, w, bars.box.at[w])
+      copy_presorted(b, g, i, w, buf, bars.box.at[w])
       first = idx_smem[w * _ROWS]
-      for n, (ref, view) in enumerate(zip(gathered, views)):
-        src = ref.at[b, g, rows]
+      for n, view in enumerate(views):
         if not presorted[n]:
           heads = view.shape[2]
           src = view.at[b, pl.ds(lax.div(first, heads), _ROWS), lax.rem(first, heads)]
-        plgpu.copy_gmem_to_smem(src, dest(n, buf, w), bars.box.at[w])
+          plgpu.copy_gmem_to_smem(src, stage_smems[n].at[w], bars.box.at[w])
 
     @pl.loop(0, trips)
     def _item(s):
@@ -455,6 +452,12 @@ def _take_rows(scoped, shape, box):
   return values
 
 
+def _tile_frees(bars):
+  """The two tile_free barriers (presorted operands: the tiles of each item parity free for the
+  gatherer's refill), or none."""
+  return [] if bars.tile_free is None else _slots(bars.tile_free, 2)
+
+
 def _item_tile(scoped, n, s):
   """This warpgroup's tile of gathered operand n for its item s."""
   tile = scoped.tiles[n]
@@ -463,21 +466,16 @@ def _item_tile(scoped, n, s):
 
 
 def _release_tiles(bars, s, pending: int):
-  """During item s (> 0; presorted operands): once item s - 1's output store, which left
-  through its tiles, has read them, hands those tiles back to the gatherer (for item s + 1).
-  pending: the stores this warpgroup has issued since, which may stay in flight."""
+  """During item s (> 0; presorted operands), or after the last (s = the item count, pending
+  0): once item s - 1's output store, which left through its tiles, has read them, hands
+  those tiles back to the gatherer (for item s + 1, or its last wait). pending: the stores
+  this warpgroup has issued since, which may stay in flight."""
   def release():
     with jax.named_scope("release_wait_store"):
       plgpu.wait_smem_to_gmem(pending, wait_read_only=True)
     plgpu.barrier_arrive(bars.tile_free.at[lax.rem(s + 1, 2)])
 
   pl.when(s > 0)(release)
-
-
-def _release_last_tiles(bars, trips):
-  """After a warpgroup's last item: _release_tiles for it (the gatherer's last wait)."""
-  plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-  pl.when(trips > 0)(lambda: plgpu.barrier_arrive(bars.tile_free.at[lax.rem(trips + 1, 2)]))
 
 
 def _per_row(ref, shape):
@@ -714,7 +712,7 @@ def _dq_kernel(ids_ref, num_ref, blk_ref, steps_ref, unmasked_ref, box_ref, src_
       num_groups=num_groups, items_per_group=items_per_group, block_size=block_size,
       block_kv=block_kv, k_stages=k_stages, v_stages=v_stages, presorted=presorted)
 
-  tile_frees = _slots(bars.tile_free, 2) if any(presorted) else []
+  tile_frees = _tile_frees(bars)
 
   @pl.when(wg < 2)
   def _consumer():
@@ -844,7 +842,7 @@ def _dq_kernel(ids_ref, num_ref, blk_ref, steps_ref, unmasked_ref, box_ref, src_
     item_loop(trips, item_body, jnp.int32(0))
     finish()
     if tile_frees:
-      _release_last_tiles(bars, trips)
+      _release_tiles(bars, trips, 0)
     plgpu.wait_smem_to_gmem(0)
 
 
