@@ -127,16 +127,17 @@ def assert_outputs_close(got_o, want_o, rows, args, *, block_size, bs):
                           f"rounding allows; worst {np.max(np.abs(got - want) - bound):.3g} over")
 
 
-@pytest.mark.parametrize("hq, hkv, block_size, overlap", [
-    (2, 1, 128, True), (4, 4, 64, False), (2, 2, 256, True)])
-def test_rows_match_triton_forward(hq, hkv, block_size, overlap):
+@pytest.mark.parametrize("hq, hkv, block_size, overlap, pingpong", [
+    (2, 1, 128, True, False), (4, 4, 64, False, True), (2, 2, 256, True, True)])
+def test_rows_match_triton_forward(hq, hkv, block_size, overlap, pingpong):
   """Partial outputs and lse of every row a used chunk holds: the same function as the
   Triton kernel's with the same key tiles (so the same bf16 roundings of P), on fresh inputs
   with packed documents and ragged budgets. Three persistent CTAs, each running several work
   items of two chunks through one K/V stream; 128-key tiles where the block holds them.
   The gathered q rows the kernel stores for the backward (sorted_q) are those XLA's gather
   puts in sorted order, on every row of every used item (padding rows included). Both
-  schedules of the tensor-core turns (overlap); the interpreter's race detector watches. With
+  schedules of the tensor-core turns (overlap), with and without ping-pong between the
+  compute warpgroups (pingpong); the interpreter's race detector watches. With
   one query head per KV group some halves come as one box (box_halves), the rest row by row."""
   q_BSD, _, _, _, layout, k, v, seg = kernel_args(hq, hkv, block_size)
   args = (q_BSD, layout, k, v, seg)
@@ -148,7 +149,8 @@ def test_rows_match_triton_forward(hq, hkv, block_size, overlap):
   from jax.experimental.pallas import mosaic_gpu as plgpu
   got_o, got_lse, got_q = hopper.moba_forward_rows(
       *args, block_size=block_size, bs=HOPPER, block_kv=tiles.block_k, num_ctas=3,
-      sorted_q=True, overlap=overlap, interpret=plgpu.InterpretGPUParams(detect_races=True))
+      sorted_q=True, overlap=overlap, pingpong=pingpong,
+      interpret=plgpu.InterpretGPUParams(detect_races=True))
   jax.block_until_ready(got_o)
   assert not gpu_callbacks.get_races().races_found
   assert got_o.dtype == jnp.bfloat16 and got_lse.dtype == jnp.float32
@@ -181,16 +183,19 @@ def test_gather_rows_match_xla_gather():
     kernels.gather_rows(do_BSD, layout, run_rows=96, interpret=True)
 
 
-@pytest.mark.parametrize("hq, hkv, block_size, presorted, sorted_do, overlap, num_ctas", [
-    (2, 1, 128, False, False, True, 3), (2, 2, 256, True, False, False, 3),
-    (2, 1, 256, True, True, True, 3), (2, 2, 128, False, True, False, 3),
-    (2, 2, 256, True, True, False, 3), (1, 1, 128, True, True, True, 40)])
-def test_dq_rows_match_triton_dq(hq, hkv, block_size, presorted, sorted_do, overlap, num_ctas):
+@pytest.mark.parametrize(
+    "hq, hkv, block_size, presorted, sorted_do, overlap, pingpong, num_ctas", [
+        (2, 1, 128, False, False, True, True, 3), (2, 2, 256, True, False, False, False, 3),
+        (2, 1, 256, True, True, True, False, 3), (2, 2, 128, False, True, False, True, 3),
+        (2, 2, 256, True, True, False, False, 3), (1, 1, 128, True, True, True, False, 40)])
+def test_dq_rows_match_triton_dq(hq, hkv, block_size, presorted, sorted_do, overlap, pingpong,
+                                 num_ctas):
   """Partial dq of every row a used chunk holds equals the Triton dq kernel's with the same
   64-key tiles, given the same final lse and delta, on fresh inputs with packed documents
   and ragged budgets, with q and dO rows gathered by the kernel, by the row-gather kernel
   beforehand, or q's beforehand and dO's by the kernel, which then also returns them in
-  sorted order (sorted_do); both schedules of the tensor-core turns (overlap); the
+  sorted order (sorted_do); both schedules of the tensor-core turns (overlap), with and
+  without ping-pong (pingpong); the
   interpreter's race detector watches the run. Gathered with one query head per KV group,
   some halves come as one box (box_halves). Presorted q comes into tiles of two item
   parities, freed per item: the last case has more CTAs than items, so some run none."""
@@ -203,6 +208,7 @@ def test_dq_rows_match_triton_dq(hq, hkv, block_size, presorted, sorted_do, over
   want = kernels.moba_dq_rows(*args, block_size=block_size, bs=HOPPER, interpret=True)
   got = hopper.moba_dq_rows(*args, block_size=block_size, bs=HOPPER, num_ctas=num_ctas,
                             presorted=presorted, sorted_do=sorted_do, overlap=overlap,
+                            pingpong=pingpong,
                             interpret=plgpu.InterpretGPUParams(detect_races=True))
   jax.block_until_ready(got)
   assert not gpu_callbacks.get_races().races_found
@@ -224,18 +230,18 @@ def test_dq_rows_match_triton_dq(hq, hkv, block_size, presorted, sorted_do, over
   assert rel_err(got, want) < 2 ** -8
 
 
-@pytest.mark.parametrize("hq, hkv, block_size, d", [(2, 1, 128, 64), (4, 2, 256, 64),
-                                                    (2, 2, 128, 128)])
-def test_dkv_match_triton_dkv(hq, hkv, block_size, d):
+@pytest.mark.parametrize("hq, hkv, block_size, d, pingpong", [
+    (2, 1, 128, 64, False), (4, 2, 256, 64, True), (2, 2, 128, 128, False)])
+def test_dkv_match_triton_dkv(hq, hkv, block_size, d, pingpong):
   """dk and dv equal the Triton dk/dv kernel's, given the same lse and delta, on fresh inputs
   with packed documents and ragged budgets, at head_dim 64 and 128; more key tiles than
-  persistent CTAs, several chunks per tile; the interpreter's race detector watches the
-  run."""
+  persistent CTAs, several chunks per tile; with and without ping-pong between the compute
+  warpgroups (pingpong); the interpreter's race detector watches the run."""
   from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks
   from jax.experimental.pallas import mosaic_gpu as plgpu
   args = kernel_args(hq, hkv, block_size, d)
   want = kernels.moba_dkv(*args, block_size=block_size, bs=HOPPER, interpret=True)
-  got = hopper.moba_dkv(*args, block_size=block_size, bs=HOPPER, num_ctas=3,
+  got = hopper.moba_dkv(*args, block_size=block_size, bs=HOPPER, num_ctas=3, pingpong=pingpong,
                         interpret=plgpu.InterpretGPUParams(detect_races=True))
   jax.block_until_ready(got)
   assert not gpu_callbacks.get_races().races_found

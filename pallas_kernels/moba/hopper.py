@@ -6,12 +6,15 @@ Same contracts as kernels.moba_forward_rows / moba_dq_rows / moba_dkv, so the gl
 attention.py does not change. What differs:
 
 * One CTA per SM, walking a list of work items (cta, cta + grid, ...); two compute
-  warpgroups take strict turns issuing their products to the tensor cores (_turns: one's
-  softmax or dS runs under the other's products), with P and dS fed to wgmma from
-  registers. A turn issues one step's first products (forward QK^T; dq S and dP; dk/dv S^T
-  and dP^T) or its update (PV; dS K; dV and dK); with `overlap` (dq's default) a turn issues
-  a step's first products together with the previous step's update, whose wait then falls
-  after this step's elementwise work (FlashAttention-3's intra-warpgroup overlap).
+  warpgroups issue their products to the tensor cores, with P and dS fed to wgmma from
+  registers - each as soon as its operands are ready, or (`pingpong`) in strict turns
+  (_turns: FlashAttention-3's ping-pong, one's softmax or dS under the other's products).
+  A turn issues one step's first products (forward QK^T; dq S and dP; dk/dv S^T and dP^T)
+  or its update (PV; dS K; dV and dK); with `overlap` (dq at head_dim 128) a turn issues a
+  step's first products together with the previous step's update, whose wait then falls
+  after this step's elementwise work (FlashAttention-3's intra-warpgroup overlap). Which
+  schedule each kernel runs by default depends on head_dim, as measured on the H200
+  (BENCHMARKS.md).
 * Forward and dq: items of ITEM_ROWS = 128 sorted rows, one 64-row half per compute
   warpgroup; the layout pads each block's run to 128 rows (build_kv_layout(pad_rows=
   ITEM_ROWS)), so an item reads one KV block and its halves share every K/V tile. A producer
@@ -384,7 +387,11 @@ def _turns(turn):
   (FlashAttention-3's ping-pong; `turn`: two barriers of one arrival): wait_turn() waits for
   this warpgroup's, end_turn() hands it to the other once this one's products are issued.
   Warpgroup 0 goes first; both must take equally many turns, then call finish() (which
-  observes the turn warpgroup 1 hands on last)."""
+  observes the turn warpgroup 1 hands on last). turn=None (no ping-pong): each warpgroup
+  issues its products as soon as their operands are ready, and all three do nothing."""
+  if turn is None:
+    nothing = lambda: None
+    return nothing, nothing, nothing
   wg = lax.axis_index("wg")
   pl.when(wg == 1)(lambda: plgpu.barrier_arrive(turn.at[0]))
   wait_turn = lambda: plgpu.barrier_wait(turn.at[wg])
@@ -918,13 +925,14 @@ def _stage_counts(stages) -> tuple[int, int]:
 
 
 def _launch(kernel, args, out_type, *, name, layout, segment_ids_BT, block_size, block_kv, stages,
-            presorted, d, dt, num_ctas, interpret, num_heads, row_out=False):
+            presorted, d, dt, num_ctas, interpret, num_heads, pingpong, row_out=False):
   """Runs a compute kernel with its streams: persistent CTAs over the used items, four
   warpgroups, the shared-memory buffers and barriers of _Scoped (stages: _stage_counts';
   presorted: per operand whose rows the streams bring, whether it is in sorted order already
   or gathered row by row; args end with one view per such operand, [B, T, Hq, D] where it is
   gathered (for the halves box_halves marks), the operand itself, unused, where presorted;
-  row_out: the kernel writes a per-row output)."""
+  row_out: the kernel writes a per-row output; pingpong: the compute warpgroups take turns on
+  the tensor cores, _turns)."""
   ks, vs = _stage_counts(stages)
   gathered = len(presorted)
   _, g, l = layout.row_src_BGL.shape
@@ -964,7 +972,7 @@ def _launch(kernel, args, out_type, *, name, layout, segment_ids_BT, block_size,
             v=plgpu.Barrier(num_barriers=vs),
             k_free=plgpu.Barrier(num_arrivals=2, num_barriers=ks),
             v_free=plgpu.Barrier(num_arrivals=2, num_barriers=vs),
-            turn=plgpu.Barrier(num_barriers=2)))
+            turn=plgpu.Barrier(num_barriers=2) if pingpong else None))
     pl.run_scoped(lambda scoped: kernel(*refs, scoped), scratch, collective_axes="wg")
 
   return _persistent_call(entry, out_type, name=name, num_ctas=num_ctas, warpgroups=4,
@@ -975,7 +983,7 @@ def moba_forward_rows(q_BSD, layout, k_BTKD, v_BTKD, segment_ids_BT, *, block_si
                       bs: MobaBlockSizes, interpret: bool | plgpu.InterpretGPUParams,
                       block_kv: int = 128, stages: int | tuple[int, int] = 2,
                       num_ctas: int | None = None, sorted_q: bool = False,
-                      overlap: bool = False):
+                      overlap: bool = False, pingpong: bool | None = None):
   """Partial output [B, G, L, D] (q dtype) and natural-log lse [B, G, L] per sorted row, as
   kernels.moba_forward_rows, on a layout padded with pad_rows=ITEM_ROWS; q_BSD is q reshaped
   to [B, T * Hq, D]; interpret as in _interpret_params. sorted_q: also return q's rows in
@@ -989,10 +997,15 @@ def moba_forward_rows(q_BSD, layout, k_BTKD, v_BTKD, segment_ids_BT, *, block_si
   step's QK^T with the previous step's PV, and the softmax runs under that PV
   (FlashAttention-3's intra-warpgroup overlap); else (the default: on the H200 at 16/16 heads
   x 128 the overlap was 3.5% slower alone and no faster in the step, BENCHMARKS.md) QK^T and PV
-  take a turn each, the steps attended whole and the masked ones in two loops."""
+  take a turn each, the steps attended whole and the masked ones in two loops. pingpong: the
+  two compute warpgroups take strict turns on the tensor cores (_turns), else each issues its
+  products as soon as they are ready (a "turn" is then one issue). None: by head_dim, as
+  measured on the H200 (BENCHMARKS.md, traced step at top-3): off at 128 (0.791 ms against
+  0.827 with it at 16/16 heads), on below (0.545 against 0.554 without it at 14/2 x 64)."""
   b, _, d = q_BSD.shape
   _, g, l = layout.row_src_BGL.shape
   _check_operands(q_BSD.dtype, d, bs)
+  pingpong = d < 128 if pingpong is None else pingpong
   bkv = _check_layout(layout, block_size, block_kv)
   dt = q_BSD.dtype
   return _launch(
@@ -1004,14 +1017,14 @@ def moba_forward_rows(q_BSD, layout, k_BTKD, v_BTKD, segment_ids_BT, *, block_si
       name="moba_fwd_hopper", layout=layout, segment_ids_BT=segment_ids_BT,
       block_size=block_size, block_kv=bkv, stages=stages, presorted=(False,), d=d, dt=dt,
       row_out=True, num_ctas=num_ctas, interpret=interpret,
-      num_heads=q_BSD.shape[1] // k_BTKD.shape[1])
+      num_heads=q_BSD.shape[1] // k_BTKD.shape[1], pingpong=pingpong)
 
 
 def moba_dq_rows(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_ids_BT, *,
                  block_size, bs: MobaBlockSizes, interpret: bool | plgpu.InterpretGPUParams,
                  block_kv: int = 64, stages: int | tuple[int, int] = (3, 2),
                  num_ctas: int | None = None, presorted: bool = True, q_rows=None, do_rows=None,
-                 sorted_do: bool = False, overlap: bool = True):
+                 sorted_do: bool = False, overlap: bool | None = None, pingpong: bool = False):
   """Partial dq [B, G, L, D] (q dtype) per sorted row, as kernels.moba_dq_rows, on a layout
   padded with pad_rows=ITEM_ROWS. lse and delta are read per sorted row (gathered here, a
   few bytes per row); q and dO too with presorted (in sorted order, gather_rows, the same
@@ -1029,7 +1042,11 @@ def moba_dq_rows(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segmen
 
   overlap: each turn on the tensor cores issues a key step's S and dP with the previous
   step's dS K, and dS is computed under that dS K (as the forward's); else S, dP and dS K
-  take a turn each."""
+  take a turn each. None: by head_dim, as measured on the H200 (BENCHMARKS.md, traced step at
+  top-3, no ping-pong): on at 128 (0.969 ms against 0.987 without it at 16/16 heads), off
+  below (0.617 against 0.644 with it at 14/2 x 64). pingpong: as moba_forward_rows'; off (at
+  both head_dims the faster: 0.969 against 0.981 ms with it at 16/16 heads, 0.644 against
+  0.670 at 14/2 x 64, both with overlap)."""
   b, g, l = layout.row_src_BGL.shape
   if (q_rows is not None or do_rows is not None) and not presorted:
     raise ValueError("q_rows / do_rows (rows in sorted order) need presorted=True")
@@ -1043,6 +1060,7 @@ def moba_dq_rows(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segmen
   dt = q.dtype
   d = q.shape[-1]
   _check_operands(dt, d, bs)
+  overlap = d >= 128 if overlap is None else overlap
   bkv = _check_layout(layout, block_size, block_kv)
   out = _launch(
       functools.partial(_dq_kernel, overlap=overlap),
@@ -1055,7 +1073,7 @@ def moba_dq_rows(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segmen
       name="moba_dq_hopper", layout=layout, segment_ids_BT=segment_ids_BT,
       block_size=block_size, block_kv=bkv, stages=stages,
       presorted=(presorted, presorted and not sorted_do), d=d, dt=dt, num_ctas=num_ctas,
-      interpret=interpret, num_heads=lse_BS.shape[1] // k_BTKD.shape[1])
+      interpret=interpret, num_heads=lse_BS.shape[1] // k_BTKD.shape[1], pingpong=pingpong)
   return tuple(out) if sorted_do else out[0]
 
 
@@ -1362,11 +1380,14 @@ def sorted_rows(x_BSX, layout):
 
 def moba_dkv(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_ids_BT, *,
              block_size, bs: MobaBlockSizes, interpret: bool | plgpu.InterpretGPUParams,
-             stages: int = 2, num_ctas: int | None = None, q_rows=None, do_rows=None):
+             stages: int = 2, num_ctas: int | None = None, q_rows=None, do_rows=None,
+             pingpong: bool | None = None):
   """dk, dv [B, T, Hkv, D] in k's dtype, as kernels.moba_dkv, on a layout padded with
   pad_rows=ITEM_ROWS (block_size a multiple of DKV_TILE). q and dO are first gathered into
   sorted order (gather_rows), so that every chunk the kernel reads is one box; q_rows /
-  do_rows: their rows already in that order (as moba_dq_rows)."""
+  do_rows: their rows already in that order (as moba_dq_rows). pingpong: as
+  moba_forward_rows' (None: off at head_dim 128, 1.196 ms against 1.257 with it at 16/16
+  heads; on below, 0.975 against 0.982 without it at 14/2 x 64)."""
   q_rows = _sorted(q_BSD, q_rows, layout, interpret, "q")
   do_rows = _sorted(do_BSD, do_rows, layout, interpret, "do")
   b, g, l = layout.row_src_BGL.shape
@@ -1375,6 +1396,7 @@ def moba_dkv(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_id
   t = k_BTKD.shape[1]
   check_supported(q_rows.dtype, d, bs, block_size)
   _check_layout(layout, block_size, 64)
+  pingpong = d < 128 if pingpong is None else pingpong
   gh = s // t // g
   # Chunks of the tile's block, less those holding only own-block rows before the tile.
   skip_B1n = keys_before_tile(segment_ids_BT, block_size=block_size, tile=DKV_TILE)[:, None]
@@ -1404,7 +1426,8 @@ def moba_dkv(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_id
             plgpu.Barrier(num_arrivals=2, num_barriers=2),
             plgpu.Barrier(num_arrivals=6, num_barriers=stages),
             plgpu.Barrier(num_arrivals=2, num_barriers=stages),
-            plgpu.Barrier(num_barriers=2))  # the compute warpgroups' turns (_turns)
+            # the compute warpgroups' turns (_turns)
+            plgpu.Barrier(num_barriers=2) if pingpong else None)
     pl.run_scoped(lambda *scoped: kernel(*refs, scoped), *scratch, bars, collective_axes="wg")
 
   part = jax.ShapeDtypeStruct((num_parts, DKV_TILE, d), dt)
