@@ -184,18 +184,22 @@ def test_gather_rows_match_xla_gather():
 
 
 @pytest.mark.parametrize(
-    "hq, hkv, block_size, presorted, sorted_do, overlap, pingpong, num_ctas", [
-        (2, 1, 128, False, False, True, True, 3), (2, 2, 256, True, False, False, False, 3),
-        (2, 1, 256, True, True, True, False, 3), (2, 2, 128, False, True, False, True, 3),
-        (2, 2, 256, True, True, False, False, 3), (1, 1, 128, True, True, True, False, 40)])
+    "hq, hkv, block_size, presorted, sorted_do, overlap, pingpong, block_kv, num_ctas", [
+        (2, 1, 128, False, False, True, True, 64, 3),
+        (2, 2, 256, True, False, False, False, None, 3),
+        (2, 1, 256, True, True, True, False, None, 3),
+        (2, 2, 128, False, True, False, True, None, 3),
+        (2, 2, 256, True, True, False, False, 64, 3),
+        (1, 1, 128, True, True, True, False, None, 40)])
 def test_dq_rows_match_triton_dq(hq, hkv, block_size, presorted, sorted_do, overlap, pingpong,
-                                 num_ctas):
-  """Partial dq of every row a used chunk holds equals the Triton dq kernel's with the same
-  64-key tiles, given the same final lse and delta, on fresh inputs with packed documents
-  and ragged budgets, with q and dO rows gathered by the kernel, by the row-gather kernel
+                                 block_kv, num_ctas):
+  """Partial dq of every row a used chunk holds equals the Triton dq kernel's (64-key tiles;
+  the Hopper kernel's 64 or 128), given the same final lse and delta, on fresh inputs with
+  packed documents and ragged budgets, with q and dO rows gathered by the kernel, by the
+  row-gather kernel
   beforehand, or q's beforehand and dO's by the kernel, which then also returns them in
   sorted order (sorted_do); both schedules of the tensor-core turns (overlap), with and
-  without ping-pong (pingpong); the
+  without ping-pong (pingpong); 64-key K/V tiles and the default at this head_dim (128); the
   interpreter's race detector watches the run. Gathered with one query head per KV group,
   some halves come as one box (box_halves). Presorted q comes into tiles of two item
   parities, freed per item: the last case has more CTAs than items, so some run none."""
@@ -208,7 +212,7 @@ def test_dq_rows_match_triton_dq(hq, hkv, block_size, presorted, sorted_do, over
   want = kernels.moba_dq_rows(*args, block_size=block_size, bs=HOPPER, interpret=True)
   got = hopper.moba_dq_rows(*args, block_size=block_size, bs=HOPPER, num_ctas=num_ctas,
                             presorted=presorted, sorted_do=sorted_do, overlap=overlap,
-                            pingpong=pingpong,
+                            pingpong=pingpong, block_kv=block_kv,
                             interpret=plgpu.InterpretGPUParams(detect_races=True))
   jax.block_until_ready(got)
   assert not gpu_callbacks.get_races().races_found
@@ -468,13 +472,14 @@ def test_gpu_compiled_mosaic_kernels_match_reference():
     ("dq", 16, 16, 128, 512, 2, True), ("dq", 16, 16, 128, 512, 3, True),
     ("dq", 16, 16, 128, 512, 4, False), ("dq_sorted_do", 16, 16, 128, 512, 2, True),
     ("dq_sorted_do", 16, 16, 128, 512, 3, False), ("dq_sorted_do", 16, 16, 128, 512, (3, 2), True),
+    ("dq_sorted_do", 14, 2, 64, 512, (3, 2), True),
     ("dkv", 16, 16, 128, 512, 2, True), ("dkv", 14, 2, 64, 256, 2, True),
     ("dkv", 16, 16, 128, 512, 3, False)])
 def test_kernels_fit_h200_shared_memory(kernel, hq, hkv, d, block_size, stages, fits):
   """Lowered ahead of time for an H200 on the CPU (Mosaic GPU sizes shared memory while
-  lowering): each kernel's default configuration fits at the headline shapes; one more
-  pipeline stage at head_dim 128 does not (dq with both operands sorted: two more; dq's
-  default is three K stages and two V)."""
+  lowering): each kernel's default configuration fits at the headline shapes (dq at head_dim
+  64 with its default 128-key tiles); one more pipeline stage at head_dim 128 does not (dq
+  with both operands sorted: two more; dq's default is three K stages and two V)."""
   from experiments.triton_ir import lower_for_h200
   from pallas_kernels.moba.attention import _fused_gate
   t, k_max = 32768, 3

@@ -1022,7 +1022,7 @@ def moba_forward_rows(q_BSD, layout, k_BTKD, v_BTKD, segment_ids_BT, *, block_si
 
 def moba_dq_rows(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_ids_BT, *,
                  block_size, bs: MobaBlockSizes, interpret: bool | plgpu.InterpretGPUParams,
-                 block_kv: int = 64, stages: int | tuple[int, int] = (3, 2),
+                 block_kv: int | None = None, stages: int | tuple[int, int] = (3, 2),
                  num_ctas: int | None = None, presorted: bool = True, q_rows=None, do_rows=None,
                  sorted_do: bool = False, overlap: bool | None = None, pingpong: bool = False):
   """Partial dq [B, G, L, D] (q dtype) per sorted row, as kernels.moba_dq_rows, on a layout
@@ -1030,7 +1030,9 @@ def moba_dq_rows(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segmen
   few bytes per row); q and dO too with presorted (in sorted order, gather_rows, the same
   arrays moba_dkv reads, so one gather serves both), else the kernel gathers their rows
   itself. Two operands take twice the staging and tile space of the forward, hence 64-key
-  K/V tiles. stages: K's and V's pipeline depths (one int for both): a K tile stays in use
+  K/V tiles at head_dim 128 (block_kv None: 64 there, 128 below, where they fit and were the
+  faster on the H200: 0.572 ms against 0.617 at 14/2 x 64, BENCHMARKS.md).
+  stages: K's and V's pipeline depths (one int for both): a K tile stays in use
   until the next step's dS K is done, a V tile only until this step's dP, hence the default
   three K stages and two V. q_rows / do_rows (presorted
   only): q's / dO's rows already in sorted order (the forward's sorted_q output,
@@ -1061,6 +1063,7 @@ def moba_dq_rows(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segmen
   d = q.shape[-1]
   _check_operands(dt, d, bs)
   overlap = d >= 128 if overlap is None else overlap
+  block_kv = (64 if d >= 128 else 128) if block_kv is None else block_kv
   bkv = _check_layout(layout, block_size, block_kv)
   out = _launch(
       functools.partial(_dq_kernel, overlap=overlap),
