@@ -7,7 +7,9 @@ checked against the Triton kernel's with the same key tile first. GPU only.
         --configs 128,2,1 128,2,0 --dq-configs 64,3/2,1,1,1 64,2,0,0,0 --dkv-stages 2 \\
         --out /tmp/persistent.json
 
-A configuration's stages are one depth for K and V or K's/V's (3/2).
+A configuration's stages are one depth for K and V or K's/V's (3/2). A trailing pingpong
+field (forward, dq; dk/dv: "stages,pingpong") sets the kernels' ping-pong between their
+compute warpgroups; left out, each kernel's default for the head_dim.
 """
 
 from __future__ import annotations
@@ -30,13 +32,14 @@ def main():
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   add_point_args(p)
   p.add_argument("--configs", nargs="+", default=["128,2,1", "128,2,0"],
-                 help="block_kv,stages,overlap of the persistent forward")
+                 help="block_kv,stages,overlap[,pingpong] of the persistent forward")
   p.add_argument("--dq-configs", nargs="*", default=["64,3/2,1,1,1", "64,3/2,1,1,0"],
-                 help="block_kv,stages,presorted,sorted_do,overlap of the persistent dq kernel "
+                 help="block_kv,stages,presorted,sorted_do,overlap[,pingpong] of the persistent "
+                      "dq kernel "
                       "(sorted_do: q's rows put in sorted order by the row-gather kernel inside "
                       "the timed call, dO's gathered by the dq kernel)")
-  p.add_argument("--dkv-stages", nargs="*", type=int, default=[2, 3],
-                 help="chunk pipeline depths of the dk/dv kernel")
+  p.add_argument("--dkv-stages", nargs="*", default=["2", "3"],
+                 help="chunk pipeline depths of the dk/dv kernel, each optionally ',pingpong'")
   p.add_argument("--reps", type=int, default=10)
   p.add_argument("--out", required=True)
   args = p.parse_args()
@@ -82,11 +85,13 @@ def main():
       record(**row)
 
   tiles = lambda bkv: dataclasses.replace(base, block_k=bkv)
+  flag = lambda field: bool(field[0]) if field else None  # an optional trailing 0/1 field
   mosaic_rows(
       "mosaic forward", args.configs,
-      lambda bkv, stages, overlap=1: jax.jit(lambda q_flat, k, v: hopper.moba_forward_rows(
-          q_flat, lay, k, v, seg, block_size=block, bs=base, interpret=False, block_kv=bkv,
-          stages=stages, overlap=bool(overlap))),
+      lambda bkv, stages, overlap=1, *pingpong: jax.jit(
+          lambda q_flat, k, v: hopper.moba_forward_rows(
+              q_flat, lay, k, v, seg, block_size=block, bs=base, interpret=False, block_kv=bkv,
+              stages=stages, overlap=bool(overlap), pingpong=flag(pingpong))),
       lambda bkv: triton_fwd(lay, tiles(bkv)), (q_flat, k, v), rows=(True, True))
 
   dq_operands = (q_flat, do_flat, lse, delta, k, v)
@@ -97,11 +102,11 @@ def main():
          ms=timeit(triton_dq(layout(None), base), *dq_operands, reps=args.reps))
   mosaic_rows(
       "mosaic dq", args.dq_configs,
-      lambda bkv, stages, presorted, sorted_do=0, overlap=1: jax.jit(
+      lambda bkv, stages, presorted, sorted_do=0, overlap=1, *pingpong: jax.jit(
           lambda q_flat, do_flat, lse, delta, k, v: tuple(jax.tree.leaves(hopper.moba_dq_rows(
               q_flat, do_flat, lse, delta, lay, k, v, seg, block_size=block, bs=base,
               interpret=False, block_kv=bkv, stages=stages, presorted=bool(presorted),
-              sorted_do=bool(sorted_do), overlap=bool(overlap))))),
+              sorted_do=bool(sorted_do), overlap=bool(overlap), pingpong=flag(pingpong))))),
       lambda bkv: triton_dq(lay, tiles(bkv)), dq_operands, rows=(True,))
 
   triton_dkv = lambda lay: jax.jit(lambda q_flat, do_flat, lse, delta, k, v: kernels.moba_dkv(
@@ -110,9 +115,10 @@ def main():
          ms=timeit(triton_dkv(layout(None)), *dq_operands, reps=args.reps))
   mosaic_rows(
       "mosaic dkv", [f"{hopper.DKV_TILE},{n}" for n in args.dkv_stages],
-      lambda _, stages: jax.jit(lambda q_flat, do_flat, lse, delta, k, v: hopper.moba_dkv(
-          q_flat, do_flat, lse, delta, lay, k, v, seg, block_size=block, bs=base,
-          interpret=False, stages=stages)),
+      lambda _, stages, *pingpong: jax.jit(
+          lambda q_flat, do_flat, lse, delta, k, v: hopper.moba_dkv(
+              q_flat, do_flat, lse, delta, lay, k, v, seg, block_size=block, bs=base,
+              interpret=False, stages=stages, pingpong=flag(pingpong))),
       lambda _: triton_dkv(lay), dq_operands, rows=(False, False))
   # What the backward kernels' inputs cost: q and dO put into sorted order by the Triton row
   # gather the kernels call (gather_rows; in a step the forward stores q's), and by XLA.

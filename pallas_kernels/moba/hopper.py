@@ -1024,7 +1024,8 @@ def moba_dq_rows(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segmen
                  block_size, bs: MobaBlockSizes, interpret: bool | plgpu.InterpretGPUParams,
                  block_kv: int | None = None, stages: int | tuple[int, int] = (3, 2),
                  num_ctas: int | None = None, presorted: bool = True, q_rows=None, do_rows=None,
-                 sorted_do: bool = False, overlap: bool | None = None, pingpong: bool = False):
+                 sorted_do: bool = False, overlap: bool | None = None,
+                 pingpong: bool | None = None):
   """Partial dq [B, G, L, D] (q dtype) per sorted row, as kernels.moba_dq_rows, on a layout
   padded with pad_rows=ITEM_ROWS. lse and delta are read per sorted row (gathered here, a
   few bytes per row); q and dO too with presorted (in sorted order, gather_rows, the same
@@ -1046,8 +1047,8 @@ def moba_dq_rows(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segmen
   step's dS K, and dS is computed under that dS K (as the forward's); else S, dP and dS K
   take a turn each. None: by head_dim, as measured on the H200 (BENCHMARKS.md, traced step at
   top-3, no ping-pong): on at 128 (0.969 ms against 0.987 without it at 16/16 heads), off
-  below (0.617 against 0.644 with it at 14/2 x 64). pingpong: as moba_forward_rows'; off (at
-  both head_dims the faster: 0.969 against 0.981 ms with it at 16/16 heads, 0.644 against
+  below (0.617 against 0.644 with it at 14/2 x 64). pingpong: as moba_forward_rows'; None:
+  off (at both head_dims the faster: 0.969 against 0.981 ms with it at 16/16 heads, 0.644 against
   0.670 at 14/2 x 64, both with overlap)."""
   b, g, l = layout.row_src_BGL.shape
   if (q_rows is not None or do_rows is not None) and not presorted:
@@ -1063,6 +1064,7 @@ def moba_dq_rows(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segmen
   d = q.shape[-1]
   _check_operands(dt, d, bs)
   overlap = d >= 128 if overlap is None else overlap
+  pingpong = bool(pingpong)
   block_kv = (64 if d >= 128 else 128) if block_kv is None else block_kv
   bkv = _check_layout(layout, block_size, block_kv)
   out = _launch(
