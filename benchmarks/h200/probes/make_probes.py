@@ -13,8 +13,13 @@ rescaled per key step), nosoftmax (the forward's unmasked key steps skip the sof
 rescale), notake (forward and dq: no wait for the last output's store and no staging-to-tile
 move), noepi (the forward stores no output), dqq (dq moves dO only and lets the last output's
 store pend: what sending q straight into a second tile would save); prepared for a later
-call, not yet run: noturns (all three kernels: the compute warpgroups issue their products
-without taking turns - what the turn handoffs cost; applies to 0c722e2 and later).
+call and run in the fifth session's (benchmarks/h200/turns/): noturns (all three kernels: the
+compute warpgroups issue their products without taking turns - what the turn handoffs cost;
+applies to 0c722e2 up to 0840cd1, after which the kernels have it as pingpong=False).
+Prepared, not yet run: dblsteps (forward and dq: every item runs twice its key steps, the
+second half on the next block's keys - what a key step costs against an item's fixed part:
+T(dblsteps) - T is the steps' share, 2T - T(dblsteps) the per-item part; applies to 0c722e2
+and later).
 """
 
 import pathlib
@@ -85,6 +90,8 @@ PROBES = {
   nothing = lambda: None
   return nothing, nothing, nothing
 ''')],
+    "dblsteps": [("""            steps_ref[flat], unmasked_ref[flat], box_ref[flat])""",
+                  """            2 * steps_ref[flat], 2 * unmasked_ref[flat], box_ref[flat])""")],
     "dqq": [(TAKE, '''  dq = len(scoped.stages) == 2
   with jax.named_scope("take_wait_store"):
     plgpu.wait_smem_to_gmem(1 if dq else 0, wait_read_only=True)
