@@ -705,11 +705,11 @@ def _dq_kernel(ids_ref, num_ref, blk_ref, steps_ref, unmasked_ref, box_ref, src_
                items_per_group, grid, p_in_smem, presorted, overlap):
   """dq per sorted row, on the forward's structure: the streams gather q and dO rows; each
   compute warpgroup runs S = q K^T and dP = dO V^T, dS = P (dP - delta) with
-  P = exp(S - lse), and dq += dS K (dS from registers), taking turns on the tensor cores
-  with the other. lse and delta come per sorted row. dq leaves through the q tile (presorted
-  q: the item's own one of two, so the next item's rows need not wait for that store). With a
-  second output (refs = (dos_ref, scoped)), each warpgroup also stores its dO rows there, in
-  sorted order, for the dk/dv kernel."""
+  P = exp(S - lse), and dq += dS K (dS from registers), with pingpong taking turns on the
+  tensor cores with the other. lse and delta come per sorted row. dq leaves through the q
+  tile (presorted q: the item's own one of two, so the next item's rows need not wait for
+  that store). With a second output (refs = (dos_ref, scoped)), each warpgroup also stores
+  its dO rows there, in sorted order, for the dk/dv kernel."""
   dos_ref, scoped = refs if len(refs) == 2 else (None, *refs)
   bars = scoped.bars
   wg = lax.axis_index("wg")
@@ -1117,9 +1117,9 @@ def _dkv_kernel(tile_ref, part_ref, num_ref, first_ref, end_ref, whole_ref, seg_
   in registers over the 64-row chunks of the tile's block (q and dO rows already in sorted
   order, so each chunk is one TMA box), computing S^T = K q^T and dP^T = V dO^T, then
   dV += P^T dO and dK += dS^T q with P^T and dS^T from registers; the two warpgroups share
-  each chunk and take turns on the tensor cores. A producer warpgroup streams the tiles'
-  K/V (two buffers, so the next tile's load overlaps this one's chunks) and the chunks
-  (`stages` slots: q, dO and the rows' lse, delta, segment and position). dK and dV leave
+  each chunk (with pingpong taking turns on the tensor cores). A producer warpgroup streams
+  the tiles' K/V (two buffers, so the next tile's load overlaps this one's chunks) and the
+  chunks (`stages` slots: q, dO and the rows' lse, delta, segment and position). dK and dV leave
   through the warpgroup's half of the K/V buffer. Persistent: CTA c runs items c, c + grid,
   ... below num_ref[0] (ordered by decreasing work outside, dkv_items). An item is a key tile
   (tile_ref, flat over [B, G, tiles]) over the chunks [first_ref, end_ref) of its block's
