@@ -9,7 +9,8 @@ checked against the Triton kernel's with the same key tile first. GPU only.
 
 A configuration's stages are one depth for K and V or K's/V's (3/2). A trailing pingpong
 field (forward, dq; dk/dv: "stages,pingpong") sets the kernels' ping-pong between their
-compute warpgroups; left out, each kernel's default for the head_dim.
+compute warpgroups; left out, the kernel's default for the head_dim (the other fields are
+always the configuration's: overlap, when left out, is on).
 """
 
 from __future__ import annotations

@@ -98,8 +98,8 @@ def main():
   p.add_argument("--events", type=int, default=300,
                  help="regions recorded per warpgroup (16 bytes each of shared memory)")
   p.add_argument("--dq-config", default="64,2",
-                 help="block_kv,stages[,V stages] of the dq kernel (its default, 64,3,2, "
-                      "leaves too little shared memory for 300 events)")
+                 help="block_kv,stages[,V stages] of the dq kernel (its default at head_dim "
+                      "128, 64,3,2, leaves too little shared memory for 300 events)")
   p.add_argument("--kernels", nargs="+", default=["forward", "dq", "dkv"],
                  choices=["forward", "dq", "dkv"])
   p.add_argument("--plain", action="store_true",

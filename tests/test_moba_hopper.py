@@ -128,7 +128,7 @@ def assert_outputs_close(got_o, want_o, rows, args, *, block_size, bs):
 
 
 @pytest.mark.parametrize("hq, hkv, block_size, overlap, pingpong", [
-    (2, 1, 128, True, False), (4, 4, 64, False, True), (2, 2, 256, True, True)])
+    (2, 1, 128, True, False), (4, 4, 64, False, True), (2, 2, 256, False, False)])
 def test_rows_match_triton_forward(hq, hkv, block_size, overlap, pingpong):
   """Partial outputs and lse of every row a used chunk holds: the same function as the
   Triton kernel's with the same key tiles (so the same bf16 roundings of P), on fresh inputs
@@ -187,7 +187,7 @@ def test_gather_rows_match_xla_gather():
     "hq, hkv, block_size, presorted, sorted_do, overlap, pingpong, block_kv, num_ctas", [
         (2, 1, 128, False, False, True, True, 64, 3),
         (2, 2, 256, True, False, False, False, None, 3),
-        (2, 1, 256, True, True, True, False, None, 3),
+        (2, 1, 256, True, True, True, True, None, 3),
         (2, 2, 128, False, True, False, True, None, 3),
         (2, 2, 256, True, True, False, False, 64, 3),
         (1, 1, 128, True, True, True, False, None, 40)])
