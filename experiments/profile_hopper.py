@@ -10,13 +10,13 @@ Prints, per kernel and warpgroup role, the mean cycles per work item spent in ea
 and outside all of them ("other": issuing wgmma, loop and address work), from SM clock
 cycles (`%clock`); shares are of the captured span. Regions: forward - take_wait_rows (wait
 for the item's gathered rows), take_wait_store (for the last output's store to have read the
-q tile), take_rows (move the rows into the wgmma tiles), wait_kv, turn (wait for this
-warpgroup's turn on the tensor cores), qk_wait (QK^T's completion), softmax, pv (a PV in a
-turn of its own, issued and waited for; with overlap=True only an item's last, the others'
-waits are pv_wait), epilogue; dq - the three take_ regions (its take_rows moves dO only,
+q tile), take_rows (move the rows into the wgmma tiles), wait_kv, turn (with pingpong: wait
+for this warpgroup's turn on the tensor cores), qk_wait (QK^T's completion), softmax, pv (a
+PV in a turn of its own, issued and waited for; with overlap=True only an item's last, the
+others' waits are pv_wait), epilogue; dq - the three take_ regions (its take_rows moves dO only,
 presorted q having come straight into its tile), release_wait_store (for the last item's output
 store to have read the tiles it frees), wait_kv, turn, products_wait, ds, dq_mma and
-dq_wait (as pv and pv_wait; dq's default is the overlap), epilogue; dk/dv -
+dq_wait (as pv and pv_wait; dq's default at head_dim 128 is the overlap), epilogue; dk/dv -
 wait_kv, wait_chunk, turn, products_wait, ds, dkdv_mma, epilogue; the streaming warpgroups -
 their waits for free slots (wait_k_free, wait_v_free, wait_rows_free, wait_kv_free,
 wait_chunk_free) and the row gather.

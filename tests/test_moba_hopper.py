@@ -196,13 +196,13 @@ def test_dq_rows_match_triton_dq(hq, hkv, block_size, presorted, sorted_do, over
   """Partial dq of every row a used chunk holds equals the Triton dq kernel's (64-key tiles;
   the Hopper kernel's 64 or 128), given the same final lse and delta, on fresh inputs with
   packed documents and ragged budgets, with q and dO rows gathered by the kernel, by the
-  row-gather kernel
-  beforehand, or q's beforehand and dO's by the kernel, which then also returns them in
-  sorted order (sorted_do); both schedules of the tensor-core turns (overlap), with and
-  without ping-pong (pingpong); 64-key K/V tiles and the default at this head_dim (128); the
-  interpreter's race detector watches the run. Gathered with one query head per KV group,
-  some halves come as one box (box_halves). Presorted q comes into tiles of two item
-  parities, freed per item: the last case has more CTAs than items, so some run none."""
+  row-gather kernel beforehand, or q's beforehand and dO's by the kernel, which then also
+  returns them in sorted order (sorted_do); both schedules of the tensor-core turns
+  (overlap), with and without ping-pong (pingpong); 64-key K/V tiles and the default at this
+  head_dim (128); the interpreter's race detector watches the run. Gathered with one query
+  head per KV group, some halves come as one box (box_halves). Presorted q comes into tiles
+  of two item parities, freed per item: the last case has more CTAs than items, so some run
+  none."""
   from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks
   from jax.experimental.pallas import mosaic_gpu as plgpu
   args = kernel_args(hq, hkv, block_size)

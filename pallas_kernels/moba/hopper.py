@@ -164,6 +164,11 @@ def _half_is_box(box, half):
   return lax.rem(lax.shift_right_logical(box, jnp.asarray(half, jnp.int32)), 2) == 1
 
 
+def _half_rows(i, half):
+  """Item i's half `half` (a compute warpgroup's 64 rows) in its group's sorted rows."""
+  return pl.ds(i * ITEM_ROWS + half * _ROWS, _ROWS)
+
+
 def _item_reader(ids_ref, blk_ref, steps_ref, unmasked_ref, box_ref, *, grid, num_groups,
                  items_per_group):
   """Returns item_at(s): (b, g, i, block, key steps, unmasked steps, box halves) of this
@@ -224,7 +229,6 @@ def _streams(item_at, item_loop, trips, src_ref, gathered, views, row_refs, k_re
   idx_smem, stage_smems, k_smem, v_smem = scoped.idx, scoped.stages, scoped.k, scoped.v
   bars = scoped.bars
   tile_frees = _tile_frees(bars)
-  half_rows = lambda i, w: pl.ds(i * ITEM_ROWS + w * _ROWS, _ROWS)
 
   def wait_frees(s):
     """Before item s's copies: the staging buffers (and rowi) moved out by both halves of
@@ -270,13 +274,13 @@ def _streams(item_at, item_loop, trips, src_ref, gathered, views, row_refs, k_re
 
     def copy_row_values(b, g, i, w, bar):
       for n, ref in enumerate(row_refs):
-        plgpu.copy_gmem_to_smem(ref.at[b, g, half_rows(i, w)], scoped.rowi.at[w, n], bar)
+        plgpu.copy_gmem_to_smem(ref.at[b, g, _half_rows(i, w)], scoped.rowi.at[w, n], bar)
 
     def copy_presorted(b, g, i, w, buf, bar):
       """Half w of the presorted refs, one box each, straight into item parity buf's tiles."""
       for n, ref in enumerate(gathered):
         if presorted[n]:
-          plgpu.copy_gmem_to_smem(ref.at[b, g, half_rows(i, w)], scoped.tiles[n].at[buf, w],
+          plgpu.copy_gmem_to_smem(ref.at[b, g, _half_rows(i, w)], scoped.tiles[n].at[buf, w],
                                   bar)
 
     if all(presorted):
@@ -568,7 +572,7 @@ def _fwd_kernel(ids_ref, num_ref, blk_ref, steps_ref, unmasked_ref, box_ref, src
 
     def item_body(s, item, gstep):
       b, g, i, j, n, unmasked, box = item
-      rows = pl.ds(i * ITEM_ROWS + wg * _ROWS, _ROWS)
+      rows = _half_rows(i, wg)
       keep = _masker(*_take_rows(scoped, shape, box), scoped.kseg)
       if qs_ref is not None:
         plgpu.copy_smem_to_gmem(q_tile, qs_ref.at[b, g, rows])
@@ -735,7 +739,7 @@ def _dq_kernel(ids_ref, num_ref, blk_ref, steps_ref, unmasked_ref, box_ref, src_
 
     def item_body(s, item, carry):
       b, g, i, j, n, unmasked, box = item
-      rows = pl.ds(i * ITEM_ROWS + wg * _ROWS, _ROWS)
+      rows = _half_rows(i, wg)
       q_tile, do_tile = (_item_tile(scoped, m, s) for m in range(2))
       # Global loads, issued before the wait for the item's rows.
       lse_RK = _per_row(lse_ref.at[b, g, rows], shape) * _LOG2E
