@@ -4,10 +4,22 @@ of each in one jitted function (each kernel adds 1 to a small array - the XLA on
 sine first - so the GPU work is a few microseconds). Per variant: ms per call synchronised
 (median of 50, the project's rule) and back to back (50 calls, one wait). GPU only.
 
-    python -m experiments.call_overhead
+    python -m experiments.call_overhead [--long --out $OUT/overhead.json]
+
+--long adds programs of milliseconds (--programs picks): chains of bf16 8192^3 matrix
+products (~3 and ~25 ms), the MoBA forward+backward step (Hopper kernels, S=32K, 16/16 x 128,
+block 512, top-3) and cuDNN's dense causal one. Each runs between two readings of the GPU's
+own clock (`device_clock.clocked`), so every synchronised call gives its wall time and its
+span on the GPU; their difference is what the call costs the host before its first kernel
+and after its last. Each synchronised call is waited for two ways: `jax.block_until_ready`
+(the project's rule) and a spin on `Array.is_ready()` (the host thread stays awake). What a
+plain matmul chain of the step's length pays too is the host's, not the step's structure.
 """
 
+import argparse
 import json
+import statistics
+import time
 
 import jax
 import jax.numpy as jnp
@@ -15,6 +27,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu_mgpu
 from jax.experimental.pallas import triton as plgpu_triton
 
+from pallas_kernels import device_clock
 from sparsebalance_jax.balance.timing import time_call, time_pipelined
 
 
@@ -58,21 +71,98 @@ def chain(fn, n):
   return jax.jit(run)
 
 
+def spin_until_ready(tree) -> None:
+  """Wait for every array of `tree` by polling, the host thread never sleeping."""
+  for x in jax.tree.leaves(tree):
+    while not x.is_ready():
+      pass
+
+
+LONG_PROGRAMS = ("matmul2", "matmul16", "moba", "cudnn")
+
+
+def long_rows(calls: int, names=LONG_PROGRAMS) -> list[dict]:
+  """Synchronised wall time against the GPU's span for programs of milliseconds."""
+  from experiments.bench_kernel import dense_causal, fwd_bwd, inputs
+  from pallas_kernels.moba import moba_attention
+
+  def matmuls(n):
+    def chain_of(x, w):
+      for _ in range(n):
+        x = jnp.dot(x, w)
+      return x
+    return chain_of
+
+  x = jax.random.normal(jax.random.key(0), (8192, 8192), jnp.bfloat16) * 0.01
+  t, block = 32768, 512
+  q, k, v, do = inputs(0, 1, t, 16, 16, 128, jnp.bfloat16)
+  seg, budget = jnp.ones((1, t), jnp.int32), jnp.asarray([3], jnp.int32)
+  moba = lambda q, k, v: moba_attention(q, k, v, seg, budget, block_size=block, k_max=3,
+                                        backend="mosaic")
+  programs = {"matmul2": ("matmul x2", matmuls(2), (x, x)),
+              "matmul16": ("matmul x16", matmuls(16), (x, x)),
+              "moba": ("moba top-3 fwd+bwd", fwd_bwd(moba), (q, k, v, do)),
+              "cudnn": ("cudnn fwd+bwd", fwd_bwd(dense_causal(False)), (q, k, v, do))}
+  rows = []
+  for name, fn, args in (programs[n] for n in names):
+    f = jax.jit(device_clock.clocked(fn))
+    for _ in range(3):
+      jax.block_until_ready(f(*args))
+    row = dict(program=name)
+    for wait_name, wait in (("block", jax.block_until_ready), ("spin", spin_until_ready)):
+      walls, spans = [], []
+      for _ in range(calls):
+        t0 = time.perf_counter()
+        out = f(*args)
+        wait(out)
+        wall = time.perf_counter() - t0
+        walls.append(wall)
+        spans.append(float(device_clock.elapsed_seconds(out[1][0], out[1][1],
+                                                        at_most_seconds=wall)))
+      row[f"{wait_name}_wall_ms"] = 1e3 * statistics.median(walls)
+      row[f"{wait_name}_span_ms"] = 1e3 * statistics.median(spans)
+      row[f"{wait_name}_host_ms"] = 1e3 * statistics.median(w - s for w, s in zip(walls, spans))
+    row["pipelined_ms"] = 1e3 * time_pipelined(f, *args, calls=20, repeats=3)
+    rows.append(row)
+    print(json.dumps(row), flush=True)
+  return rows
+
+
 def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--long", action="store_true", help="also the programs of milliseconds")
+  parser.add_argument("--calls", type=int, default=30, help="synchronised calls per --long row")
+  parser.add_argument("--programs", nargs="+", choices=LONG_PROGRAMS, default=LONG_PROGRAMS,
+                      help="the --long programs to run")
+  parser.add_argument("--skip-small", action="store_true", help="only the --long programs")
+  parser.add_argument("--out", help="write every row to this JSON file")
+  args = parser.parse_args()
   x = jnp.zeros((128, 128), jnp.float32)
   rows = []
-  for name, fn in (("xla", xla_add_one), ("triton", triton_add_one),
-                   ("mosaic", mosaic_add_one)):
+  for name, fn in () if args.skip_small else (("xla", xla_add_one), ("triton", triton_add_one),
+                                              ("mosaic", mosaic_add_one)):
     for n in (1, 3, 6):
       f = chain(fn, n)
       rows.append(dict(kind=name, kernels=n,
                        sync_ms=1e3 * time_call(f, x, warmup=3, repeats=50),
                        pipelined_ms=1e3 * time_pipelined(f, x, calls=50, repeats=3)))
       print(json.dumps(rows[-1]), flush=True)
+  long = long_rows(args.calls, args.programs) if args.long else []
+  if args.out:
+    with open(args.out, "w") as f:
+      json.dump(dict(small=rows, long=long), f, indent=1)
   print("\n| kernels | kind | synchronised ms | back to back ms |")
   print("|---:|---|---:|---:|")
   for r in rows:
     print(f"| {r['kernels']} | {r['kind']} | {r['sync_ms']:.3f} | {r['pipelined_ms']:.3f} |")
+  if long:
+    print("\n| program | wall (block) | GPU span | host | wall (spin) | GPU span | host | "
+          "back to back |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for r in long:
+      print(f"| {r['program']} | {r['block_wall_ms']:.3f} | {r['block_span_ms']:.3f} | "
+            f"{r['block_host_ms']:.3f} | {r['spin_wall_ms']:.3f} | {r['spin_span_ms']:.3f} | "
+            f"{r['spin_host_ms']:.3f} | {r['pipelined_ms']:.3f} |")
 
 
 if __name__ == "__main__":

@@ -2,8 +2,8 @@
 
 `read_clock(dep)` returns the low 32 bits of the GPU's `%globaltimer` (nanoseconds, one clock
 for every SM of the device) once `dep` is computed. Placed at the start and the end of a
-program with data dependencies (see `training/step.py`), two readings give the time the device
-itself spent on the program, free of when the host got round to launching it on that device.
+program with data dependencies (`clocked(fn)`), two readings give the time the device itself
+spent on the program, free of when the host got round to launching it on that device.
 The counter wraps every 2^32 ns (4.3 s): `elapsed_seconds` takes the difference modulo 2^32
 and adds back the whole wraps a bound on the true time (the host's wall time) leaves room for.
 
@@ -15,6 +15,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
@@ -41,6 +42,22 @@ def read_clock(dep: jax.Array) -> jax.Array:
       compiler_params=plgpu.CompilerParams(num_warps=1, num_stages=1),
       name="device_clock",
   )(lanes)
+
+
+def clocked(fn):
+  """fn -> (*args) -> (fn(*args), int32 [2, 16]): the clock read once every numeric operand
+  is ready, before fn's first kernel, and after its last. Optimization barriers order the
+  readings: fn's operands pass through one with the first reading, its results through one
+  with the first reading again, which the second reading then depends on. Trace it inside
+  jit."""
+  def run(*args):
+    firsts = [x.reshape(-1)[0].astype(jnp.float32) for x in jax.tree.leaves(args)
+              if jnp.issubdtype(x.dtype, jnp.number)]
+    start = read_clock(jnp.stack(firsts))
+    start, args = lax.optimization_barrier((start, args))
+    out, start = lax.optimization_barrier((fn(*args), start))
+    return out, jnp.stack([start, read_clock(start)])
+  return run
 
 
 def elapsed_seconds(start_XL: np.ndarray, end_XL: np.ndarray, *,

@@ -4,6 +4,8 @@ no collective, each shard gets a time, and the times reach the tuner's EMA in th
 import dataclasses
 
 import jax
+import jax.extend
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -185,3 +187,40 @@ def test_device_clock_is_gpu_only_and_wraps():
     np.testing.assert_allclose(device_clock.elapsed_seconds(zero, five, at_most_seconds=5.2), [5.0])
     np.testing.assert_allclose(device_clock.elapsed_seconds(start, end, at_most_seconds=0.1),
                                [1005e-9, 12e-9])
+
+
+def test_clocked_reads_the_clock_around_the_whole_program(monkeypatch):
+    """device_clock.clocked's order on the CPU (the clock itself needs a GPU): the first
+    reading depends on every numeric operand, fn's equations only on the first barrier's
+    outputs, the second reading on the second barrier, which holds fn's every result; and
+    the results come back unchanged."""
+    from pallas_kernels import device_clock
+    def fake_read(dep):
+        return jnp.zeros((16,), jnp.int32) + dep.reshape(-1)[0].astype(jnp.int32)
+
+    monkeypatch.setattr(device_clock, "read_clock", fake_read)
+    fn = lambda x, n: (x @ x.T, x.sum() + n)
+    x, n = jnp.arange(12.0).reshape(3, 4), jnp.int32(2)
+    (out, clock_2L) = jax.jit(device_clock.clocked(fn))(x, n)
+    np.testing.assert_allclose(out[0], fn(x, n)[0])
+    np.testing.assert_allclose(out[1], fn(x, n)[1])
+    assert clock_2L.shape == (2, 16)
+    jaxpr = jax.make_jaxpr(device_clock.clocked(fn))(x, n).jaxpr
+    barriers = [i for i, e in enumerate(jaxpr.eqns) if e.primitive.name == "optimization_barrier"]
+    assert len(barriers) == 2
+    first, second = (jaxpr.eqns[i] for i in barriers)
+    assert set(map(str, jaxpr.invars)) <= set(map(str, first.invars))  # every operand
+    # fn's equations sit between the barriers and read the first one's outputs, never the
+    # raw operands.
+    body = jaxpr.eqns[barriers[0] + 1:barriers[1]]
+    assert any(e.primitive.name == "dot_general" for e in body)
+    assert not any(set(map(str, e.invars)) & set(map(str, jaxpr.invars)) for e in body)
+    assert not any(e.primitive.name == "dot_general" for e in jaxpr.eqns[barriers[1]:])
+    # The second barrier holds both results and the first reading; the end reading is made
+    # from that reading as it leaves the barrier, and from nothing else.
+    assert len(second.invars) == 3 and str(second.invars[2]) == str(first.outvars[0])
+    after = jaxpr.eqns[barriers[1] + 1:]
+    made = {str(second.outvars[2])}
+    for e in after:
+        assert {str(v) for v in e.invars if not isinstance(v, jax.extend.core.Literal)} <= made, e
+        made |= set(map(str, e.outvars))

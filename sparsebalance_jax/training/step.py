@@ -187,12 +187,9 @@ def _per_shard_grads(params, batch_1MRT, *, model: Transformer):
 
 def _clocked_shard_grads(params, batch_1MRT, *, model: Transformer):
     """_per_shard_grads plus the device clock read before and after it: [1, 2, 16]."""
-    start = device_clock.read_clock(batch_1MRT["inputs"])
-    start, params, batch_1MRT = lax.optimization_barrier((start, params, batch_1MRT))
-    loss, count, grads = _per_shard_grads(params, batch_1MRT, model=model)
-    loss, count, grads, start = lax.optimization_barrier((loss, count, grads, start))
-    end = device_clock.read_clock(start)
-    return loss, count, grads, jnp.stack([start, end])[None]
+    (loss, count, grads), clock_2L = device_clock.clocked(
+        functools.partial(_per_shard_grads, model=model))(params, batch_1MRT)
+    return loss, count, grads, clock_2L[None]
 
 
 def _ready_seconds(arrays_S: list[jax.Array], start: float) -> list[float]:

@@ -16,10 +16,13 @@ store pend: what sending q straight into a second tile would save); prepared for
 call and run in the fifth session's (benchmarks/h200/turns/): noturns (all three kernels: the
 compute warpgroups issue their products without taking turns - what the turn handoffs cost;
 applies to 0c722e2 up to 0840cd1, after which the kernels have it as pingpong=False).
-Prepared, not yet run: dblsteps (forward and dq: every item runs twice its key steps, the
-second half on the next block's keys - what a key step costs against an item's fixed part:
-T(dblsteps) - T is the steps' share, 2T - T(dblsteps) the per-item part; applies to 0c722e2
-and later).
+Run in the sixth 2026-12-01 session's (benchmarks/h200/gather/): dblsteps (forward and dq:
+every item runs twice its key steps, the second half on the next block's keys - what a key
+step costs against an item's fixed part: T(dblsteps) - T is the steps' share, 2T - T(dblsteps)
+the per-item part; applies to 0c722e2 and later) and allbox (forward and dq: every half of
+every item comes as one strided box, as own-block halves do, in place of 64 single-row copies
+- the wrong rows, the right amount of data, the masks still the sorted rows' own: what the
+row-by-row gather costs; applies to 03451ad and later).
 """
 
 import pathlib
@@ -92,6 +95,9 @@ PROBES = {
 ''')],
     "dblsteps": [("""            steps_ref[flat], unmasked_ref[flat], box_ref[flat])""",
                   """            2 * steps_ref[flat], 2 * unmasked_ref[flat], box_ref[flat])""")],
+    "allbox": [("  boxes = (jnp.zeros_like(blk) if all(presorted) else "
+                "box_halves(layout, num_heads))",
+                "  boxes = jnp.zeros_like(blk) if all(presorted) else jnp.full_like(blk, 3)")],
     "dqq": [(TAKE, '''  dq = len(scoped.stages) == 2
   with jax.named_scope("take_wait_store"):
     plgpu.wait_smem_to_gmem(1 if dq else 0, wait_read_only=True)
