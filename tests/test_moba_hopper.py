@@ -272,8 +272,8 @@ def test_dkv_items_cover_each_run_once():
   num = int(items.num_1[0])
   tile, lo, hi, part = (np.asarray(a)[:num] for a in (items.tile_I, items.first_I, items.end_I,
                                                       items.part_I))
-  share = max(-(-int(length.sum()) // (hopper._DKV_SPLITS_PER_CTA * grid)),
-              hopper._DKV_MIN_SPLIT_CHUNKS)
+  share = max(-(-int(length.sum()) // (hopper.dkv._DKV_SPLITS_PER_CTA * grid)),
+              hopper.dkv._DKV_MIN_SPLIT_CHUNKS)
   lens = hi - lo
   assert list(lens) == sorted(lens, reverse=True)  # longest first
   part_tile, part_lead = np.asarray(items.part_tile_P), np.asarray(items.part_lead_P)
@@ -309,7 +309,7 @@ def test_dkv_with_split_runs_matches_triton_dkv(monkeypatch):
   and dk, dv still match the Triton kernel's within bf16 rounding."""
   from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks
   from jax.experimental.pallas import mosaic_gpu as plgpu
-  monkeypatch.setattr(hopper, "_DKV_MIN_SPLIT_CHUNKS", 2)
+  monkeypatch.setattr(hopper.dkv, "_DKV_MIN_SPLIT_CHUNKS", 2)
   rng = np.random.default_rng()
   hq, hkv, block_size, d = 2, 1, 128, 64  # head_dim 64: split_dkv_runs' default is on
   b, t, k_max = 1, 8 * block_size, 3
@@ -329,7 +329,7 @@ def test_dkv_with_split_runs_matches_triton_dkv(monkeypatch):
   assert (chunks[:2, 1] - chunks[:2, 0]).min() > 2 * (chunks[2:, 1] - chunks[2:, 0]).max()
   made = []
   dkv_items = hopper.dkv_items
-  monkeypatch.setattr(hopper, "dkv_items",
+  monkeypatch.setattr(hopper.dkv, "dkv_items",
                       lambda *a, **kw: made.append(dkv_items(*a, **kw)) or made[-1])
   want = kernels.moba_dkv(*args, block_size=block_size, bs=HOPPER, interpret=True)
   got = hopper.moba_dkv(*args, block_size=block_size, bs=HOPPER, num_ctas=3,
@@ -401,7 +401,7 @@ def test_longest_first_is_a_stable_descending_argsort(num, monkeypatch):
   length = rng.integers(0, 5, num).astype(np.int32)  # many ties
   want = np.argsort(-length, kind="stable")
   np.testing.assert_array_equal(hopper.longest_first(jnp.asarray(length)), want)
-  monkeypatch.setattr(hopper, "_RANK_BY_COMPARISON_MAX", num - 1)
+  monkeypatch.setattr(hopper.dkv, "_RANK_BY_COMPARISON_MAX", num - 1)
   np.testing.assert_array_equal(hopper.longest_first(jnp.asarray(length)), want)
 
 

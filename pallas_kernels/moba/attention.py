@@ -75,7 +75,7 @@ def _merge(part_BGLD, lse_BGL, sel, layout, ok_B, group_size, interpret):
 
 # Kernel sets: each module provides moba_forward_rows, moba_dq_rows and moba_dkv with the same
 # contracts. "triton": Pallas Triton lowering, any GPU, float32 or bf16; "mosaic": Pallas
-# Mosaic GPU, Hopper, bf16 (hopper.py).
+# Mosaic GPU, Hopper, bf16 (the hopper package).
 BACKENDS = {"triton": kernels, "mosaic": hopper}
 # Rows each block's run is padded to, where a kernel set needs more than block_rows.
 _PAD_ROWS = {"mosaic": hopper.ITEM_ROWS}
@@ -196,7 +196,7 @@ def moba_attention(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, budget_B, *, block_si
 
   backend: the kernel set for the forward, dq and dk/dv: "triton" (Pallas Triton lowering,
   any GPU, float32 or bf16) or "mosaic" (Pallas Mosaic GPU, Hopper, bf16, block_size a
-  multiple of 128; hopper.py).
+  multiple of 128; the hopper package).
   """
   if backend not in BACKENDS:
     raise ValueError(f"backend={backend!r} is not one of {sorted(BACKENDS)}")

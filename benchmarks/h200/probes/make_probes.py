@@ -110,14 +110,19 @@ PROBES = {
 
 def main():
   tree, name = pathlib.Path(sys.argv[1]), sys.argv[2]
-  path = tree / "pallas_kernels" / "moba" / "hopper.py"
-  text = path.read_text()
+  # The Hopper kernels: one module in trees before 2026-12-01's sixth session, a package after.
+  package = tree / "pallas_kernels" / "moba" / "hopper"
+  paths = sorted(package.glob("*.py")) if package.is_dir() else [package.with_suffix(".py")]
+  texts = {path: path.read_text() for path in paths}
   for old, new in PROBES[name]:
-    if text.count(old) != 1:
-      raise SystemExit(f"{name}: expected one match of {old.splitlines()[0]!r} in {path}")
-    text = text.replace(old, new)
-  path.write_text(text)
-  print(f"{path}: probe {name}")
+    hits = [path for path, text in texts.items() if text.count(old) == 1]
+    if len(hits) != 1 or sum(text.count(old) for text in texts.values()) != 1:
+      raise SystemExit(f"{name}: expected one match of {old.splitlines()[0]!r} in {paths}")
+    texts[hits[0]] = texts[hits[0]].replace(old, new)
+  for path, text in texts.items():
+    if text != path.read_text():
+      path.write_text(text)
+      print(f"{path}: probe {name}")
 
 
 if __name__ == "__main__":

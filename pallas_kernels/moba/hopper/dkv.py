@@ -1,0 +1,360 @@
+"""The dk/dv kernel on key-tile work items (DKV_TILE keys of one KV block, over the 64-row
+chunks of the block's run): the item plan (longest first; runs longer than a CTA's share
+split into parts summed afterwards), the kernel and its entry moba_dkv.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from pallas_kernels.moba import gating
+from pallas_kernels.moba.hopper.common import (_await_last_frees, _check_layout, check_supported,
+                                               _consumer_setup, DKV_TILE, _grid, _mma_turn,
+                                               _per_row, _persistent_call, _ROWS, _slots,
+                                               _smem_transforms, _sorted, sorted_rows, _trips,
+                                               _turns)
+from pallas_kernels.moba.kernels import _LOG2E, MobaBlockSizes, keys_before_tile
+
+
+def _dkv_kernel(tile_ref, part_ref, num_ref, first_ref, end_ref, whole_ref, seg_ref, pos_ref,
+                lse2_ref, delta_ref, qs_ref, dos_ref, k_ref, v_ref, kseg_ref, dk_ref, dv_ref,
+                dk_hi_ref, dk_lo_ref, dv_hi_ref, dv_lo_ref, scoped, *, sm_scale, tiles_per_row,
+                tiles_per_block, num_groups, grid, stages, split, p_in_smem):
+  """dk/dv per key tile of DKV_TILE keys: each compute warpgroup holds dK, dV of its 64 keys
+  in registers over the 64-row chunks of the tile's block (q and dO rows already in sorted
+  order, so each chunk is one TMA box), computing S^T = K q^T and dP^T = V dO^T, then
+  dV += P^T dO and dK += dS^T q with P^T and dS^T from registers; the two warpgroups share
+  each chunk (with pingpong taking turns on the tensor cores). A producer warpgroup streams
+  the tiles' K/V (two buffers, so the next tile's load overlaps this one's chunks) and the
+  chunks (`stages` slots: q, dO and the rows' lse, delta, segment and position). dK and dV leave
+  through the warpgroup's half of the K/V buffer. Persistent: CTA c runs items c, c + grid,
+  ... below num_ref[0] (ordered by decreasing work outside, dkv_items). An item is a key tile
+  (tile_ref, flat over [B, G, tiles]) over the chunks [first_ref, end_ref) of its block's
+  run: the whole run, written to dk/dv, or (with `split`) one part of a long run (part_ref >=
+  0), whose dK and dV leave as bf16 hi/lo pairs (x = hi + lo to ~2^-17) in that slot of dk_hi/dk_lo/
+  dv_hi/dv_lo for the caller to sum. A chunk skips the mask for the key tiles it attends whole
+  (whole_ref [B, G, C]: the first that many tiles of its block)."""
+  q_smem, do_smem, rowf_smem, rowi_smem, k_smem, v_smem, p_smem, bars = scoped
+  kv_bar, kv_free, chunk_bar, chunk_free, turn = bars
+  frees = _slots(kv_free, 2) + _slots(chunk_free, stages)
+  wg = lax.axis_index("wg")
+  cta = lax.axis_index("cta")
+  trips = _trips(num_ref[0], grid)
+
+  def item_at(s):
+    i = cta + s * grid
+    flat = tile_ref[i]
+    bg = lax.div(flat, tiles_per_row)
+    return (lax.div(bg, num_groups), lax.rem(bg, num_groups), lax.rem(flat, tiles_per_row),
+            first_ref[i], end_ref[i])
+
+  @pl.when(wg == 2)
+  def _producer():
+    plgpu.set_max_registers(40, action="decrease")
+
+    def item_body(s, cstep):
+      b, g, n, first, end = item_at(s)
+      buf = lax.rem(s, 2)
+      keys = (b, pl.ds(n * DKV_TILE, DKV_TILE), g)
+      with jax.named_scope("wait_kv_free"):
+        plgpu.barrier_wait(kv_free.at[buf])
+      plgpu.copy_gmem_to_smem(k_ref.at[keys], k_smem.at[buf], kv_bar.at[buf])
+      plgpu.copy_gmem_to_smem(v_ref.at[keys], v_smem.at[buf], kv_bar.at[buf])
+
+      def chunk_body(c, cstep):
+        slot = lax.rem(cstep, stages)
+        rows = (b, g, pl.ds(c * _ROWS, _ROWS))
+        with jax.named_scope("wait_chunk_free"):
+          plgpu.barrier_wait(chunk_free.at[slot])
+        for src, dst in ((qs_ref, q_smem.at[slot]), (dos_ref, do_smem.at[slot]),
+                         (lse2_ref, rowf_smem.at[slot, 0]), (delta_ref, rowf_smem.at[slot, 1]),
+                         (seg_ref, rowi_smem.at[slot, 0]), (pos_ref, rowi_smem.at[slot, 1])):
+          plgpu.copy_gmem_to_smem(src.at[rows], dst, chunk_bar.at[slot])
+        return cstep + 1
+
+      return lax.fori_loop(first, end, chunk_body, cstep)
+
+    lax.fori_loop(0, trips, item_body, jnp.int32(0))
+    _await_last_frees(frees)
+
+  @pl.when(wg < 2)
+  def _consumer():
+    _consumer_setup(frees)
+    wait_turn, end_turn, finish = _turns(turn)
+    shape = (_ROWS, _ROWS)  # (this warpgroup's keys, a chunk's rows)
+    d = k_smem.shape[-1]
+    mine = pl.ds(wg * _ROWS, _ROWS)
+    wg_p = p_smem.at[wg] if p_in_smem else None
+    col_layout = plgpu.Layout.WGMMA.reduce(0)
+    cols = lambda ref: lax.broadcast_in_dim(plgpu.load(ref, layout=col_layout, optimized=False),
+                                            shape, [1])
+
+    def item_body(s, cstep):
+      b, g, n, first, end = item_at(s)
+      buf = lax.rem(s, 2)
+      kstart = n * DKV_TILE + wg * _ROWS
+      kseg_KR = _per_row(kseg_ref.at[b, pl.ds(kstart, _ROWS)], shape)
+      kpos_KR = kstart + plgpu.broadcasted_iota(jnp.int32, shape, 0, layout=plgpu.Layout.WGMMA)
+      k_w, v_w = k_smem.at[buf, mine], v_smem.at[buf, mine]
+      with jax.named_scope("wait_kv"):
+        plgpu.barrier_wait(kv_bar.at[buf])
+
+      def chunk_body(c, carry):
+        dk, dv, cstep = carry
+        slot = lax.rem(cstep, stages)
+        whole = lax.rem(n, tiles_per_block) < whole_ref[b, g, c]  # loaded under the waits
+        with jax.named_scope("wait_chunk"):
+          plgpu.barrier_wait(chunk_bar.at[slot])
+        q_t, do_t = q_smem.at[slot], do_smem.at[slot]
+
+        def products(s_ref, dp_ref):
+          with jax.named_scope("turn"):
+            wait_turn()
+          plgpu.wgmma(s_ref, k_w, q_t.transpose((1, 0)))
+          plgpu.wgmma(dp_ref, v_w, do_t.transpose((1, 0)))
+          end_turn()
+          with jax.named_scope("products_wait"):
+            return s_ref[...], dp_ref[...]
+
+        s_KR, dp_KR = pl.run_scoped(products, plgpu.ACC(shape, jnp.float32),
+                                    plgpu.ACC(shape, jnp.float32))
+        with jax.named_scope("ds"):
+          p_KR = jnp.exp2(s_KR * (sm_scale * _LOG2E) - cols(rowf_smem.at[slot, 0]))
+
+          def masked(p_KR):
+            seg_KR = cols(rowi_smem.at[slot, 0])
+            keep = ((seg_KR == kseg_KR) & (seg_KR != 0)
+                    & (kpos_KR <= cols(rowi_smem.at[slot, 1])))
+            return jnp.where(keep, p_KR, 0.0)
+
+          p_KR = lax.cond(whole, lambda p_KR: p_KR, masked, p_KR)
+          ds_KR = p_KR * (dp_KR - cols(rowf_smem.at[slot, 1]))
+          p16, ds16 = p_KR.astype(q_t.dtype), ds_KR.astype(q_t.dtype)
+          dk, dv, p16, ds16 = lax.optimization_barrier((dk, dv, p16, ds16))
+        dv, dk = _mma_turn((wait_turn, end_turn), (dv, dk), [(p16, do_t), (ds16, q_t)], wg_p,
+                           "dkdv_mma")
+        plgpu.barrier_arrive(chunk_free.at[slot])
+        return dk, dv, cstep + 1
+
+      zeros = plgpu.layout_cast(jnp.zeros((_ROWS, d), jnp.float32), plgpu.Layout.WGMMA)
+      dk, dv, cstep = lax.fori_loop(first, end, chunk_body, (zeros, zeros, cstep))
+      dk = dk * sm_scale
+      with jax.named_scope("epilogue"):
+        # This warpgroup's half of the buffer is no longer read: dK and dV leave through it.
+        def store(dk16, dv16, dk_dst, dv_dst):
+          k_w[...] = dk16
+          v_w[...] = dv16
+          plgpu.commit_smem()
+          plgpu.copy_smem_to_gmem(k_w, dk_dst)
+          plgpu.copy_smem_to_gmem(v_w, dv_dst)
+          plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+
+        def whole():
+          store(dk.astype(k_w.dtype), dv.astype(v_w.dtype),
+                dk_ref.at[b, pl.ds(kstart, _ROWS), g], dv_ref.at[b, pl.ds(kstart, _ROWS), g])
+
+        def part_of_run(part):
+          mine_part = (part, pl.ds(wg * _ROWS, _ROWS))
+          dk_hi, dv_hi = dk.astype(k_w.dtype), dv.astype(v_w.dtype)
+          store(dk_hi, dv_hi, dk_hi_ref.at[mine_part], dv_hi_ref.at[mine_part])
+          store((dk - dk_hi.astype(jnp.float32)).astype(k_w.dtype),
+                (dv - dv_hi.astype(jnp.float32)).astype(v_w.dtype),
+                dk_lo_ref.at[mine_part], dv_lo_ref.at[mine_part])
+
+        if split:
+          part = part_ref[cta + s * grid]
+          pl.when(part < 0)(whole)
+          pl.when(part >= 0)(lambda: part_of_run(jnp.maximum(part, 0)))
+        else:
+          whole()
+      plgpu.barrier_arrive(kv_free.at[buf])
+      return cstep
+
+    lax.fori_loop(0, trips, item_body, jnp.int32(0))
+    finish()
+    plgpu.wait_smem_to_gmem(0)
+
+
+# Up to this many items, longest_first ranks them by comparisons (I^2 of them, one fused
+# reduction) instead of a sort: XLA's sort of 4,096 keys took 0.030 ms on the H200.
+_RANK_BY_COMPARISON_MAX = 8192
+
+
+class DkvItems(NamedTuple):
+  """dk/dv work items in the order the persistent CTAs deal them (longest first; item i of
+  the first num_1[0] goes to CTA i % grid), and the partial-result slots of split tiles."""
+  tile_I: jax.Array      # key tile, flat over [B, G, tiles]
+  first_I: jax.Array     # the item's chunks of its block's run: [first, end)
+  end_I: jax.Array
+  part_I: jax.Array      # -1: the tile's whole run (written to dk/dv); else its slot
+  num_1: jax.Array       # [1] items in use
+  part_tile_P: jax.Array   # per slot: its tile, -1 if unused
+  part_lead_P: jax.Array   # per slot: the first slot of its tile
+
+
+# At most this many split items per persistent CTA: a tile splits when its run has more
+# chunks than the per-item share total_chunks / (this * grid), so no item holds more than
+# that share and the split items' slots have a static bound (twice this * grid).
+_DKV_SPLITS_PER_CTA = 1
+_DKV_MIN_SPLIT_CHUNKS = 8  # shorter parts would pay a tile's K/V load and epilogue for little
+
+
+def dkv_items(first_T, end_T, grid: int, *, split: bool = True) -> DkvItems:
+  """The dk/dv work items for tiles whose runs cover chunks [first_T, end_T): one item per
+  tile, except (with split) that a tile whose run is longer than the per-item share m (total
+  chunks / (_DKV_SPLITS_PER_CTA * grid), at least _DKV_MIN_SPLIT_CHUNKS) is split into
+  ceil(len / m) parts of m chunks, each written to its own slot and summed by _add_parts.
+  Without splits a gate that sends most tokens to a few blocks leaves one CTA a whole long
+  run while the others idle. split=False: one item per tile and one slot, never used."""
+  len_T = jnp.maximum(end_T - first_T, 0)
+  num_tiles = len_T.shape[0]
+  if not split:
+    none = jnp.full((1,), -1, jnp.int32)
+    order = longest_first(end_T - first_T)
+    return DkvItems(tile_I=order, first_I=first_T[order], end_I=end_T[order],
+                    part_I=jnp.full((num_tiles,), -1, jnp.int32),
+                    num_1=jnp.full((1,), num_tiles, jnp.int32), part_tile_P=none,
+                    part_lead_P=jnp.ones((1,), jnp.int32))
+  cap = _DKV_SPLITS_PER_CTA * grid
+  m = jnp.maximum(-(-len_T.sum() // cap), _DKV_MIN_SPLIT_CHUNKS)
+  parts_T = jnp.where(len_T > m, -(-len_T // m), 0)  # 0: not split
+  # Split tiles have len > m, so ceil(len / m) < 2 len / m: at most 2 * cap slots.
+  num_parts = 2 * cap
+  slot_end_T = jnp.cumsum(parts_T).astype(jnp.int32)
+  slot_start_T = slot_end_T - parts_T
+  slot_P = jnp.arange(num_parts, dtype=jnp.int32)
+  # compare_all, not the default scan: the scan is a while loop, whose condition XLA's GPU
+  # runtime reads back to the host each trip, leaving the GPU idle meanwhile.
+  tile_P = jnp.searchsorted(slot_end_T, slot_P, side="right",
+                            method="compare_all").astype(jnp.int32)
+  used_P = slot_P < slot_end_T[-1]
+  tile_P = jnp.where(used_P, tile_P, 0)
+  j_P = slot_P - slot_start_T[tile_P]  # the part's index within its tile
+  # Items: each tile's whole run or first part, then the later parts (slots with j >= 1).
+  first_part_T = jnp.where(parts_T > 0, jnp.minimum(first_T + m, end_T), end_T)
+  later_P = used_P & (j_P >= 1)
+  item_tile = jnp.concatenate([jnp.arange(num_tiles, dtype=jnp.int32), tile_P])
+  item_first = jnp.concatenate([first_T, first_T[tile_P] + j_P * m]).astype(jnp.int32)
+  item_end = jnp.concatenate([first_part_T, jnp.minimum(first_T[tile_P] + (j_P + 1) * m,
+                                                        end_T[tile_P])]).astype(jnp.int32)
+  item_part = jnp.concatenate([jnp.where(parts_T > 0, slot_start_T, -1),
+                               jnp.where(later_P, slot_P, -1)]).astype(jnp.int32)
+  length = jnp.concatenate([first_part_T - first_T,
+                            jnp.where(later_P, item_end[num_tiles:] - item_first[num_tiles:],
+                                      -1)])
+  order = longest_first(length)  # unused slots (length -1) last
+  return DkvItems(tile_I=item_tile[order], first_I=item_first[order], end_I=item_end[order],
+                  part_I=item_part[order],
+                  num_1=(num_tiles + later_P.sum(dtype=jnp.int32))[None],
+                  part_tile_P=jnp.where(used_P, tile_P, -1),
+                  part_lead_P=jnp.where(used_P, slot_start_T[tile_P], num_parts))
+
+
+def _add_parts(x_BTKD, hi_PKD, lo_PKD, items: DkvItems, *, num_groups: int):
+  """x with each split tile's rows set to the sum of its parts (hi + lo, in float32, rounded
+  once to x's dtype); the rows of tiles not split are x's."""
+  b, t, hkv, d = x_BTKD.shape
+  num_parts = hi_PKD.shape[0]
+  parts = hi_PKD.astype(jnp.float32) + lo_PKD.astype(jnp.float32)
+  used = (items.part_tile_P >= 0)[:, None, None]
+  sums = jax.ops.segment_sum(jnp.where(used, parts, 0.0), items.part_lead_P,
+                             num_segments=num_parts)  # at each tile's first slot
+  lead = (items.part_lead_P == jnp.arange(num_parts)) & (items.part_tile_P >= 0)
+  flat = jnp.where(lead, items.part_tile_P, b * num_groups * (t // DKV_TILE))  # else dropped
+  tiles_per_row = t // DKV_TILE
+  bg, n = flat // tiles_per_row, flat % tiles_per_row
+  x = x_BTKD.reshape(b, tiles_per_row, DKV_TILE, hkv, d)
+  x = x.at[bg // num_groups, n, :, bg % num_groups].set(sums.astype(x.dtype), mode="drop")
+  return x.reshape(b, t, hkv, d)
+
+
+def longest_first(length_I):
+  """int32 [I]: the item indices by decreasing length, ties in index order (a stable
+  descending argsort)."""
+  num = length_I.shape[0]
+  if num > _RANK_BY_COMPARISON_MAX:
+    return jnp.argsort(-length_I, stable=True).astype(jnp.int32)
+  idx_I = jnp.arange(num, dtype=jnp.int32)
+  ahead_II = ((length_I[None, :] > length_I[:, None])
+              | ((length_I[None, :] == length_I[:, None]) & (idx_I[None, :] < idx_I[:, None])))
+  rank_I = ahead_II.sum(axis=1, dtype=jnp.int32)
+  return jnp.zeros((num,), jnp.int32).at[rank_I].set(idx_I, unique_indices=True)
+
+
+def moba_dkv(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_ids_BT, *,
+             block_size, bs: MobaBlockSizes, interpret: bool | plgpu.InterpretGPUParams,
+             stages: int = 2, num_ctas: int | None = None, q_rows=None, do_rows=None,
+             pingpong: bool | None = None):
+  """dk, dv [B, T, Hkv, D] in k's dtype, as kernels.moba_dkv, on a layout padded with
+  pad_rows=ITEM_ROWS (block_size a multiple of DKV_TILE). q and dO are first gathered into
+  sorted order (gather_rows), so that every chunk the kernel reads is one box; q_rows /
+  do_rows: their rows already in that order (as moba_dq_rows). pingpong: as
+  moba_forward_rows' (None: off at head_dim 128, 1.196 ms against 1.257 with it at 16/16
+  heads; on below, 0.975 against 0.982 without it at 14/2 x 64)."""
+  q_rows = _sorted(q_BSD, q_rows, layout, interpret, "q")
+  do_rows = _sorted(do_BSD, do_rows, layout, interpret, "do")
+  b, g, l = layout.row_src_BGL.shape
+  d = q_rows.shape[-1]
+  s = lse_BS.shape[1]
+  t = k_BTKD.shape[1]
+  check_supported(q_rows.dtype, d, bs, block_size)
+  _check_layout(layout, block_size, 64)
+  pingpong = d < 128 if pingpong is None else pingpong
+  gh = s // t // g
+  # Chunks of the tile's block, less those holding only own-block rows before the tile.
+  skip_B1n = keys_before_tile(segment_ids_BT, block_size=block_size, tile=DKV_TILE)[:, None]
+  chunks_BGn2 = jnp.repeat(layout.block_chunks_BGN2, block_size // DKV_TILE, axis=2)
+  first = (chunks_BGn2[..., 0] + (skip_B1n * gh) // _ROWS).reshape(-1).astype(jnp.int32)
+  end = chunks_BGn2[..., 1].reshape(-1).astype(jnp.int32)
+  num_ctas = _grid(num_ctas, interpret)
+  split = bs.fit(block_size, d).split_dkv_runs
+  items = dkv_items(first, end, num_ctas, split=split)
+  num_parts = items.part_tile_P.shape[0]
+  dt = q_rows.dtype
+  transforms = _smem_transforms(dt)
+  kernel = functools.partial(_dkv_kernel, sm_scale=1.0 / math.sqrt(d),
+                             tiles_per_row=t // DKV_TILE, tiles_per_block=block_size // DKV_TILE,
+                             num_groups=g, grid=num_ctas, stages=stages, split=split,
+                             p_in_smem=bool(interpret))
+
+  def entry(*refs):
+    scratch = [plgpu.SMEM((stages, _ROWS, d), dt, transforms=transforms),
+               plgpu.SMEM((stages, _ROWS, d), dt, transforms=transforms),
+               plgpu.SMEM((stages, 2, _ROWS), jnp.float32),
+               plgpu.SMEM((stages, 2, _ROWS), jnp.int32),
+               plgpu.SMEM((2, DKV_TILE, d), dt, transforms=transforms),
+               plgpu.SMEM((2, DKV_TILE, d), dt, transforms=transforms),
+               plgpu.SMEM((2, _ROWS, _ROWS), dt, transforms=transforms) if interpret else None]
+    bars = (plgpu.Barrier(num_arrivals=2, num_barriers=2),
+            plgpu.Barrier(num_arrivals=2, num_barriers=2),
+            plgpu.Barrier(num_arrivals=6, num_barriers=stages),
+            plgpu.Barrier(num_arrivals=2, num_barriers=stages),
+            # the compute warpgroups' turns (_turns)
+            plgpu.Barrier(num_barriers=2) if pingpong else None)
+    pl.run_scoped(lambda *scoped: kernel(*refs, scoped), *scratch, bars, collective_axes="wg")
+
+  part = jax.ShapeDtypeStruct((num_parts, DKV_TILE, d), dt)
+  call = _persistent_call(entry, [jax.ShapeDtypeStruct(k_BTKD.shape, k_BTKD.dtype),
+                                  jax.ShapeDtypeStruct(v_BTKD.shape, v_BTKD.dtype)] + [part] * 4,
+                          name="moba_dkv_hopper", num_ctas=num_ctas, warpgroups=3,
+                          interpret=interpret)
+  whole = gating.attended_key_tiles(layout.chunk_block_BGC, layout.row_seg_BGL,
+                                    layout.row_pos_BGL, segment_ids_BT,
+                                    num_blocks=t // block_size, block_rows=_ROWS, tile=DKV_TILE)
+  dk, dv, dk_hi, dk_lo, dv_hi, dv_lo = call(
+      items.tile_I, items.part_I, items.num_1, items.first_I, items.end_I, whole,
+      layout.row_seg_BGL, layout.row_pos_BGL, sorted_rows(lse_BS * _LOG2E, layout),
+      sorted_rows(delta_BS, layout), q_rows, do_rows.astype(dt),
+      k_BTKD, v_BTKD, segment_ids_BT.astype(jnp.int32))
+  if not split:
+    return dk, dv
+  return (_add_parts(dk, dk_hi, dk_lo, items, num_groups=g),
+          _add_parts(dv, dv_hi, dv_lo, items, num_groups=g))
