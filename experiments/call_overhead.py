@@ -28,7 +28,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu_mgpu
 from jax.experimental.pallas import triton as plgpu_triton
 
 from pallas_kernels import device_clock
-from sparsebalance_jax.balance.timing import time_call, time_pipelined
+from sparsebalance_jax.balance.timing import clocked_call, time_call, time_pipelined
 
 
 def mosaic_add_one(x, interpret=False):
@@ -105,7 +105,7 @@ def long_rows(calls: int, names=LONG_PROGRAMS) -> list[dict]:
               "cudnn": ("cudnn fwd+bwd", fwd_bwd(dense_causal(False)), (q, k, v, do))}
   rows = []
   for name, fn, args in (programs[n] for n in names):
-    f = jax.jit(device_clock.clocked(fn))
+    f = clocked_call(fn)
     for _ in range(3):
       jax.block_until_ready(f(*args))
     row = dict(program=name)

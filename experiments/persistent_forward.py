@@ -30,6 +30,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from experiments.bench_kernel import (add_point_args, device_span, kernel_point,  # noqa: E402
                                       timeit)
+from sparsebalance_jax.balance.timing import clocked_call  # noqa: E402
 from pallas_kernels.moba import MobaBlockSizes, hopper, kernels  # noqa: E402
 
 
@@ -63,7 +64,7 @@ def main():
     calls' span on the GPU's clock, which ranks sub-millisecond kernels without the host's
     noise (BENCHMARKS.md: the two ranked the forward's configurations differently)."""
     return dict(ms=timeit(fn, *operands, reps=args.reps),
-                gpu_ms=device_span(fn, *operands, reps=args.reps))
+                gpu_ms=device_span(clocked_call(fn), *operands, reps=args.reps))
 
   triton_fwd = lambda lay, tiles: jax.jit(lambda q_flat, k, v: kernels.moba_forward_rows(
       q_flat, lay, k, v, seg, block_size=block, bs=tiles, interpret=False))

@@ -224,3 +224,21 @@ def test_clocked_reads_the_clock_around_the_whole_program(monkeypatch):
     for e in after:
         assert {str(v) for v in e.invars if not isinstance(v, jax.extend.core.Literal)} <= made, e
         made |= set(map(str, e.outvars))
+
+
+def test_time_on_device_compiles_once_per_shape(monkeypatch):
+    """timing.time_on_device times a clocked_call built once: new data of the same shapes (a
+    benchmark's budgets) reuse its one compile. On the CPU the clock is a stand-in that reads
+    0, so the device time is 0 and only the wall time is real."""
+    from pallas_kernels import device_clock
+    from sparsebalance_jax.balance import timing
+    monkeypatch.setattr(device_clock, "read_clock",
+                        lambda dep: jnp.zeros((16,), jnp.int32) + 0 * dep.reshape(-1)[0].astype(
+                            jnp.int32))
+    clocked = timing.clocked_call(lambda x, k: (x * k).sum())
+    for k in (2, 3, 16):
+        wall, span = timing.time_on_device(clocked, jnp.ones((8, 8)), jnp.int32(k), repeats=2)
+        assert wall > 0 and span == 0.0
+    assert clocked._cache_size() == 1
+    with pytest.raises(ValueError, match="repeats"):
+        timing.time_on_device(clocked, jnp.ones((8, 8)), jnp.int32(2), repeats=0)

@@ -48,22 +48,28 @@ def time_pipelined(fn: Callable[..., Any], *args, calls: int = 20, repeats: int 
     return statistics.median(samples)
 
 
-def time_on_device(fn: Callable[..., Any], *args, warmup: int = 2,
+def clocked_call(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """jit of `device_clock.clocked(fn)`: (*args) -> (fn(*args), the GPU clock read before its
+    first kernel and after its last). Build it once per function and time it with
+    time_on_device as often as needed: one compile per input shapes, as fn's own."""
+    return jax.jit(device_clock.clocked(fn))
+
+
+def time_on_device(clocked: Callable[..., Any], *args, warmup: int = 2,
                    repeats: int = 5) -> tuple[float, float]:
-    """(median wall seconds, median device seconds) of synchronised calls of `fn(*args)`, as
-    time_call. The device seconds are the call's span on the GPU's own clock, read before its
-    first kernel and after its last (`device_clock.clocked`): what the GPU spent on the call,
-    without the host's work before the first kernel and after the last, which a synchronised
-    wall clock adds (~0.4 ms on the H200 machine for any program of milliseconds). GPU only."""
+    """(median wall seconds, median device seconds) of synchronised calls of a clocked_call
+    `clocked(*args)`, as time_call. The device seconds are the call's span on the GPU's own
+    clock: what the GPU spent on the call, without the host's work before the first kernel and
+    after the last, which a synchronised wall clock adds (~0.4 ms on the H200 machine for any
+    program of milliseconds). GPU only."""
     if repeats < 1:
         raise ValueError(f"repeats={repeats} must be >= 1")
-    run = jax.jit(device_clock.clocked(fn))
     for _ in range(max(warmup, 1)):
-        jax.block_until_ready(run(*args))
+        jax.block_until_ready(clocked(*args))
     walls, spans = [], []
     for _ in range(repeats):
         start = time.perf_counter()
-        _, clock_2L = jax.block_until_ready(run(*args))
+        _, clock_2L = jax.block_until_ready(clocked(*args))
         walls.append(time.perf_counter() - start)
         spans.append(float(device_clock.elapsed_seconds(clock_2L[0], clock_2L[1],
                                                         at_most_seconds=walls[-1])))
