@@ -183,6 +183,7 @@ def bench_moba(t, block, ks, k_max, hq, hkv, d, bs, reps, kind="moba", gate=True
     if gate:
       row["gate_ms"] = timeit(gate_fn, q, k_, budget, reps=reps)
     row["compiles_fwdbwd"] = fb._cache_size()
+    row["compiles_clocked"] = fb_clocked._cache_size()
     rows.append(row)
     print(row, flush=True)
   return rows

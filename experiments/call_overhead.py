@@ -19,7 +19,6 @@ plain matmul chain of the step's length pays too is the host's, not the step's s
 import argparse
 import json
 import statistics
-import time
 
 import jax
 import jax.numpy as jnp
@@ -27,8 +26,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu_mgpu
 from jax.experimental.pallas import triton as plgpu_triton
 
-from pallas_kernels import device_clock
-from sparsebalance_jax.balance.timing import clocked_call, time_call, time_pipelined
+from sparsebalance_jax.balance.timing import (clocked_call, device_samples, time_call,
+                                              time_pipelined)
 
 
 def mosaic_add_one(x, interpret=False):
@@ -106,19 +105,9 @@ def long_rows(calls: int, names=LONG_PROGRAMS) -> list[dict]:
   rows = []
   for name, fn, args in (programs[n] for n in names):
     f = clocked_call(fn)
-    for _ in range(3):
-      jax.block_until_ready(f(*args))
     row = dict(program=name)
     for wait_name, wait in (("block", jax.block_until_ready), ("spin", spin_until_ready)):
-      walls, spans = [], []
-      for _ in range(calls):
-        t0 = time.perf_counter()
-        out = f(*args)
-        wait(out)
-        wall = time.perf_counter() - t0
-        walls.append(wall)
-        spans.append(float(device_clock.elapsed_seconds(out[1][0], out[1][1],
-                                                        at_most_seconds=wall)))
+      walls, spans = device_samples(f, *args, warmup=3, repeats=calls, wait=wait)
       row[f"{wait_name}_wall_ms"] = 1e3 * statistics.median(walls)
       row[f"{wait_name}_span_ms"] = 1e3 * statistics.median(spans)
       row[f"{wait_name}_host_ms"] = 1e3 * statistics.median(w - s for w, s in zip(walls, spans))

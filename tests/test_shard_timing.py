@@ -227,9 +227,10 @@ def test_clocked_reads_the_clock_around_the_whole_program(monkeypatch):
 
 
 def test_time_on_device_compiles_once_per_shape(monkeypatch):
-    """timing.time_on_device times a clocked_call built once: new data of the same shapes (a
-    benchmark's budgets) reuse its one compile. On the CPU the clock is a stand-in that reads
-    0, so the device time is 0 and only the wall time is real."""
+    """The contract bench_kernel relies on: a clocked_call, built once and timed by
+    time_on_device for each new budget (data of the same shapes), compiles once. On the CPU
+    the clock is a stand-in that reads 0, so the device time is 0 and only the wall time is
+    real."""
     from pallas_kernels import device_clock
     from sparsebalance_jax.balance import timing
     monkeypatch.setattr(device_clock, "read_clock",
@@ -242,3 +243,35 @@ def test_time_on_device_compiles_once_per_shape(monkeypatch):
     assert clocked._cache_size() == 1
     with pytest.raises(ValueError, match="repeats"):
         timing.time_on_device(clocked, jnp.ones((8, 8)), jnp.int32(2), repeats=0)
+
+
+def test_clocked_shard_program_matches_the_unclocked_one(monkeypatch):
+    """The GPU's path of ShardTimedStep (each shard's program between two clock readings,
+    device_clock.clocked under shard_map) on the CPU's fake devices, the clock a stand-in that
+    reads 0: the same update as the host-timed path, one clock pair per shard, no collective."""
+    from pallas_kernels import device_clock
+    cfg = dataclasses.replace(tiny_config("reference"), mesh=MeshConfig(SHARDS, 1, 1))
+    mesh = make_mesh(cfg.mesh, jax.devices()[:SHARDS])
+    model = Transformer(cfg.model, cfg.attention, cfg.k_max)
+    batch = _pipeline_batch(np.random.default_rng())
+    runs = {}
+    for clocked in (False, True):
+        state, shardings = create_train_state(cfg, mesh, model, jax.random.key(0))
+        with monkeypatch.context() as m:
+            m.setattr(jax, "default_backend", lambda: "gpu" if clocked else "cpu")
+            timed_step = ShardTimedStep(cfg.model, cfg.attention, mesh, shardings,
+                                        cfg.attention.budget_buckets)
+        assert timed_step.device_clock == clocked
+        monkeypatch.setattr(device_clock, "read_clock", lambda dep: jnp.zeros((16,), jnp.int32)
+                            + 0 * dep.reshape(-1)[0].astype(jnp.int32))
+        placed = jax.device_put(batch, shard_batch_shardings(mesh))
+        hlo = timed_step.local.compiled(cfg.k_max, state.params, placed).as_text()
+        assert "all-reduce" not in hlo and "all-gather" not in hlo
+        state, _, _ = timed_step(cfg.k_max, state, placed)  # the compiling call is not timed
+        runs[clocked] = timed_step(cfg.k_max, state, placed)
+    (plain_state, plain_metrics, _), (state, metrics, seconds) = runs[False], runs[True]
+    for key in ("loss", "tokens", "grad_norm"):
+        np.testing.assert_allclose(float(metrics[key]), float(plain_metrics[key]), **F32)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), **F32),
+                 state.params, plain_state.params)
+    np.testing.assert_array_equal(seconds, np.zeros(SHARDS))  # the stand-in clock reads 0

@@ -55,22 +55,33 @@ def clocked_call(fn: Callable[..., Any]) -> Callable[..., Any]:
     return jax.jit(device_clock.clocked(fn))
 
 
-def time_on_device(clocked: Callable[..., Any], *args, warmup: int = 2,
-                   repeats: int = 5) -> tuple[float, float]:
-    """(median wall seconds, median device seconds) of synchronised calls of a clocked_call
-    `clocked(*args)`, as time_call. The device seconds are the call's span on the GPU's own
-    clock: what the GPU spent on the call, without the host's work before the first kernel and
-    after the last, which a synchronised wall clock adds (~0.4 ms on the H200 machine for any
-    program of milliseconds). GPU only."""
+def device_samples(clocked: Callable[..., Any], *args, warmup: int = 2, repeats: int = 5,
+                   wait: Callable[[Any], Any] = jax.block_until_ready
+                   ) -> tuple[list[float], list[float]]:
+    """(wall seconds, device seconds) of each of `repeats` synchronised calls of a clocked_call
+    `clocked(*args)`, after `warmup` calls; `wait` waits for a call's outputs (the project's
+    rule: jax.block_until_ready). The device seconds are the call's span on the GPU's own
+    clock: what the GPU spent on it, without the host's work before the first kernel and after
+    the last, which a synchronised wall clock adds (on the H200 machine 0.35 ms for a plain
+    program of 3 ms, growing with the program's length: BENCHMARKS.md). GPU only."""
     if repeats < 1:
         raise ValueError(f"repeats={repeats} must be >= 1")
     for _ in range(max(warmup, 1)):
-        jax.block_until_ready(clocked(*args))
+        wait(clocked(*args))
     walls, spans = [], []
     for _ in range(repeats):
         start = time.perf_counter()
-        _, clock_2L = jax.block_until_ready(clocked(*args))
+        out = clocked(*args)
+        wait(out)
         walls.append(time.perf_counter() - start)
+        clock_2L = out[1]
         spans.append(float(device_clock.elapsed_seconds(clock_2L[0], clock_2L[1],
                                                         at_most_seconds=walls[-1])))
+    return walls, spans
+
+
+def time_on_device(clocked: Callable[..., Any], *args, warmup: int = 2,
+                   repeats: int = 5) -> tuple[float, float]:
+    """(median wall seconds, median device seconds) of device_samples' synchronised calls."""
+    walls, spans = device_samples(clocked, *args, warmup=warmup, repeats=repeats)
     return statistics.median(walls), statistics.median(spans)

@@ -115,10 +115,10 @@ def main():
   paths = sorted(package.glob("*.py")) if package.is_dir() else [package.with_suffix(".py")]
   texts = {path: path.read_text() for path in paths}
   for old, new in PROBES[name]:
-    hits = [path for path, text in texts.items() if text.count(old) == 1]
-    if len(hits) != 1 or sum(text.count(old) for text in texts.values()) != 1:
+    if sum(text.count(old) for text in texts.values()) != 1:
       raise SystemExit(f"{name}: expected one match of {old.splitlines()[0]!r} in {paths}")
-    texts[hits[0]] = texts[hits[0]].replace(old, new)
+    path = next(path for path, text in texts.items() if old in text)
+    texts[path] = texts[path].replace(old, new)
   for path, text in texts.items():
     if text != path.read_text():
       path.write_text(text)
