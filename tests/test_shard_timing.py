@@ -189,16 +189,21 @@ def test_device_clock_is_gpu_only_and_wraps():
                                [1005e-9, 12e-9])
 
 
+def _stand_in_clock(monkeypatch, read=lambda dep: 0 * dep):
+    """device_clock.read_clock replaced for the CPU (its inline PTX needs a GPU): [16] int32
+    of read(dep's first element), which keeps the data dependency the real reading has."""
+    from pallas_kernels import device_clock
+    monkeypatch.setattr(device_clock, "read_clock", lambda dep: jnp.zeros((16,), jnp.int32)
+                        + read(dep.reshape(-1)[0].astype(jnp.int32)))
+    return device_clock
+
+
 def test_clocked_reads_the_clock_around_the_whole_program(monkeypatch):
     """device_clock.clocked's order on the CPU (the clock itself needs a GPU): the first
     reading depends on every numeric operand, fn's equations only on the first barrier's
     outputs, the second reading on the second barrier, which holds fn's every result; and
     the results come back unchanged."""
-    from pallas_kernels import device_clock
-    def fake_read(dep):
-        return jnp.zeros((16,), jnp.int32) + dep.reshape(-1)[0].astype(jnp.int32)
-
-    monkeypatch.setattr(device_clock, "read_clock", fake_read)
+    device_clock = _stand_in_clock(monkeypatch, read=lambda dep: dep)
     fn = lambda x, n: (x @ x.T, x.sum() + n)
     x, n = jnp.arange(12.0).reshape(3, 4), jnp.int32(2)
     (out, clock_2L) = jax.jit(device_clock.clocked(fn))(x, n)
@@ -231,11 +236,8 @@ def test_time_on_device_compiles_once_per_shape(monkeypatch):
     time_on_device for each new budget (data of the same shapes), compiles once. On the CPU
     the clock is a stand-in that reads 0, so the device time is 0 and only the wall time is
     real."""
-    from pallas_kernels import device_clock
     from sparsebalance_jax.balance import timing
-    monkeypatch.setattr(device_clock, "read_clock",
-                        lambda dep: jnp.zeros((16,), jnp.int32) + 0 * dep.reshape(-1)[0].astype(
-                            jnp.int32))
+    _stand_in_clock(monkeypatch)
     clocked = timing.clocked_call(lambda x, k: (x * k).sum())
     for k in (2, 3, 16):
         wall, span = timing.time_on_device(clocked, jnp.ones((8, 8)), jnp.int32(k), repeats=2)
@@ -249,7 +251,7 @@ def test_clocked_shard_program_matches_the_unclocked_one(monkeypatch):
     """The GPU's path of ShardTimedStep (each shard's program between two clock readings,
     device_clock.clocked under shard_map) on the CPU's fake devices, the clock a stand-in that
     reads 0: the same update as the host-timed path, one clock pair per shard, no collective."""
-    from pallas_kernels import device_clock
+    _stand_in_clock(monkeypatch)
     cfg = dataclasses.replace(tiny_config("reference"), mesh=MeshConfig(SHARDS, 1, 1))
     mesh = make_mesh(cfg.mesh, jax.devices()[:SHARDS])
     model = Transformer(cfg.model, cfg.attention, cfg.k_max)
@@ -262,8 +264,6 @@ def test_clocked_shard_program_matches_the_unclocked_one(monkeypatch):
             timed_step = ShardTimedStep(cfg.model, cfg.attention, mesh, shardings,
                                         cfg.attention.budget_buckets)
         assert timed_step.device_clock == clocked
-        monkeypatch.setattr(device_clock, "read_clock", lambda dep: jnp.zeros((16,), jnp.int32)
-                            + 0 * dep.reshape(-1)[0].astype(jnp.int32))
         placed = jax.device_put(batch, shard_batch_shardings(mesh))
         hlo = timed_step.local.compiled(cfg.k_max, state.params, placed).as_text()
         assert "all-reduce" not in hlo and "all-gather" not in hlo
