@@ -123,6 +123,36 @@ def test_fused_gate_kernel_matches_gate(dtype, hq, hkv, k_max):
   np.testing.assert_array_equal(np.asarray(got.count_BTG), np.asarray(want.count_BTG))
 
 
+@pytest.mark.parametrize("num_picks", [2, 6])  # passes unrolled, looped
+def test_gate_kernel_makes_each_rows_passes_only(num_picks):
+  """moba_gate_topk with picks_B: row b's first picks_B[b] slots are the unbounded kernel's,
+  its later slots -1 (passes clipped to [0, num_picks]); one compile serves every picks_B."""
+  from pallas_kernels.moba import attention, kernels
+  rng = np.random.default_rng()
+  b, t, block_size = 4, 256, 16
+  q = jnp.asarray(rng.standard_normal((b, t, 2, 16)), jnp.float32)
+  k = jnp.asarray(rng.standard_normal((b, t, 1, 16)), jnp.float32)
+  seg = packed_segments(rng, b, t, block_size, aligned=False)
+  ops = attention.gate_kernel_operands(q, k, seg, block_size=block_size)
+  traces = []
+
+  def topk(picks_B):
+    traces.append(1)
+    return kernels.moba_gate_topk(*ops, seg, block_size=block_size, num_picks=num_picks,
+                                  interpret=True, picks_B=picks_B)
+
+  bounded = jax.jit(topk)
+  full = np.asarray(kernels.moba_gate_topk(*ops, seg, block_size=block_size,
+                                           num_picks=num_picks, interpret=True))
+  assert (full[..., 0] >= 0).any()
+  for picks in ([0, 1, num_picks, 9], list(rng.integers(-1, num_picks + 2, size=b))):
+    got = np.asarray(bounded(jnp.asarray(picks, jnp.int32)))
+    for row, p in enumerate(picks):
+      p = int(np.clip(p, 0, num_picks))
+      np.testing.assert_array_equal(got[row, ..., :p], full[row, ..., :p])
+      assert np.all(got[row, ..., p:] == -1)
+  assert len(traces) == 1
+
 def test_full_chunks_attend_every_pair():
   """chunk_full_BGC marks a used chunk exactly where every (row, key of its block) pair is
   attended. (An own-block chunk could only be all-attended if all its rows held the block's last

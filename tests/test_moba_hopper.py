@@ -234,18 +234,21 @@ def test_dq_rows_match_triton_dq(hq, hkv, block_size, presorted, sorted_do, over
   assert rel_err(got, want) < 2 ** -8
 
 
-@pytest.mark.parametrize("hq, hkv, block_size, d, pingpong", [
-    (2, 1, 128, 64, False), (4, 2, 256, 64, True), (2, 2, 128, 128, False)])
-def test_dkv_match_triton_dkv(hq, hkv, block_size, d, pingpong):
+@pytest.mark.parametrize("hq, hkv, block_size, d, pingpong, chunk_rows", [
+    (2, 1, 128, 64, False, 64), (4, 2, 256, 64, True, 64), (2, 2, 128, 128, False, 64),
+    (2, 1, 128, 64, True, 128), (4, 2, 256, 128, False, 128)])
+def test_dkv_match_triton_dkv(hq, hkv, block_size, d, pingpong, chunk_rows):
   """dk and dv equal the Triton dk/dv kernel's, given the same lse and delta, on fresh inputs
   with packed documents and ragged budgets, at head_dim 64 and 128; more key tiles than
   persistent CTAs, several chunks per tile; with and without ping-pong between the compute
-  warpgroups (pingpong); the interpreter's race detector watches the run."""
+  warpgroups (pingpong); 64- and 128-row chunk steps; the interpreter's race detector watches
+  the run."""
   from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks
   from jax.experimental.pallas import mosaic_gpu as plgpu
   args = kernel_args(hq, hkv, block_size, d)
   want = kernels.moba_dkv(*args, block_size=block_size, bs=HOPPER, interpret=True)
   got = hopper.moba_dkv(*args, block_size=block_size, bs=HOPPER, num_ctas=3, pingpong=pingpong,
+                        chunk_rows=chunk_rows,
                         interpret=plgpu.InterpretGPUParams(detect_races=True))
   jax.block_until_ready(got)
   assert not gpu_callbacks.get_races().races_found
@@ -303,13 +306,15 @@ def test_dkv_items_without_splits_are_the_tiles_longest_first():
   assert (np.asarray(items.part_I) == -1).all()
 
 
-def test_dkv_with_split_runs_matches_triton_dkv(monkeypatch):
+@pytest.mark.parametrize("chunk_rows", [64, 128])
+def test_dkv_with_split_runs_matches_triton_dkv(chunk_rows, monkeypatch):
   """A gate that sends every token to the first blocks (a key direction shared by every
   query) makes their runs long: their tiles are split into parts summed after the kernel,
-  and dk, dv still match the Triton kernel's within bf16 rounding."""
+  and dk, dv still match the Triton kernel's within bf16 rounding (64- and 128-row chunk
+  steps)."""
   from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks
   from jax.experimental.pallas import mosaic_gpu as plgpu
-  monkeypatch.setattr(hopper.dkv, "_DKV_MIN_SPLIT_CHUNKS", 2)
+  monkeypatch.setattr(hopper.dkv, "_DKV_MIN_SPLIT_CHUNKS", 2 * chunk_rows // 64)
   rng = np.random.default_rng()
   hq, hkv, block_size, d = 2, 1, 128, 64  # head_dim 64: split_dkv_runs' default is on
   b, t, k_max = 1, 8 * block_size, 3
@@ -333,6 +338,7 @@ def test_dkv_with_split_runs_matches_triton_dkv(monkeypatch):
                       lambda *a, **kw: made.append(dkv_items(*a, **kw)) or made[-1])
   want = kernels.moba_dkv(*args, block_size=block_size, bs=HOPPER, interpret=True)
   got = hopper.moba_dkv(*args, block_size=block_size, bs=HOPPER, num_ctas=3,
+                        chunk_rows=chunk_rows,
                         interpret=plgpu.InterpretGPUParams(detect_races=True))
   jax.block_until_ready(got)
   assert not gpu_callbacks.get_races().races_found

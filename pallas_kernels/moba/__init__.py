@@ -52,9 +52,9 @@ Semantics (exact; kernels and the dense reference compute the same function):
 
 Kernel design (kernels.py, layout in gating.py). Gate: one Pallas kernel per
 (row, KV group, token tile) computes the scores against all blocks, masks
-eligibility and keeps the top (k_max - 1) ids in registers (the [B, T, G, N]
-score tensor is never written; `moba_gate` is the XLA version with coverage and
-picks the same blocks). Attention: KV-centric. The gate's
+eligibility and keeps the top (k_b - 1) ids in registers, one pass per pick up to the
+row's budget (the [B, T, G, N] score tensor is never written; `moba_gate` is the XLA
+version with coverage and picks the same blocks). Attention: KV-centric. The gate's
 (token, slot) picks are sorted by KV block, per (row, KV group); each block's run of
 (token, head) rows is padded to a multiple of `block_rows`, so every chunk of
 `block_rows` rows reads exactly one block and no pair outside the selection is

@@ -166,7 +166,8 @@ def _fused_gate(q_BTHD, k_BTKD, segment_ids_BT, budget_B, *, block_size, k_max, 
   else:
     picks_BTGK = kernels.moba_gate_topk(
         *gate_kernel_operands(q_BTHD, k_BTKD, segment_ids_BT, block_size=block_size),
-        segment_ids_BT, block_size=block_size, num_picks=k_max - 1, interpret=interpret)
+        segment_ids_BT, block_size=block_size, num_picks=k_max - 1, interpret=interpret,
+        picks_B=budget_B - 1)  # slots past a row's budget are never chosen
   return gating.selection_from_picks(jnp.maximum(picks_BTGK, 0), picks_BTGK >= 0, segment_ids_BT,
                                      budget_B, block_size=block_size, num_blocks=n)
 

@@ -2,7 +2,9 @@
 sorted-row layout.
 
 * gate: per (row, KV group, tile of tokens) the scores against every block, the
-  eligibility mask and the top (k_max - 1) block ids, without writing scores out.
+  eligibility mask and the top (k_b - 1) block ids (a loop of k_b - 1 passes, the row's
+  budget k_b read at run time; slots up to k_max - 1 hold -1 after), without writing scores
+  out.
 
 Three attention `pallas_call`s, all reading `MobaKVLayout` (see gating.py):
 
@@ -242,9 +244,19 @@ def _dkv_kernel(bc_ref, skip_ref, full_ref, src_ref, seg_ref, pos_ref, q_ref, do
   dv_ref[...] = dv.astype(dv_ref.dtype)
 
 
-def _gate_kernel(qh_ref, *refs, block_size, num_picks, has_q_lo):
-  """Scores of a tile of tokens against every block, eligibility, and the top
-  num_picks block ids by k passes of max / first-index-of-max, all in registers."""
+# Up to this many picks the gate makes every pass, unrolled, and drops the picks past the
+# row's budget after: on the H200 (S=32K, 16/16 x 128, block 512) a loop of 2 passes took
+# 0.089 ms where 2 unrolled took 0.078; at k_max 16 a loop of 2 took 0.094 where 15 unrolled
+# took 0.238 (BENCHMARKS.md).
+_UNROLLED_GATE_PICKS = 2
+
+
+def _gate_kernel(passes_ref, qh_ref, *refs, block_size, num_picks, has_q_lo):
+  """Scores of a tile of tokens against every block, eligibility, and the top block ids by
+  passes of max / first-index-of-max, all in registers: passes_ref[0] of them (the row's
+  budget less its own block; the slots after hold -1), looped so that the gate's time
+  follows the budget, not the compiled k_max (num_picks; up to _UNROLLED_GATE_PICKS
+  unrolled instead)."""
   if has_q_lo:
     ql_ref, gh_ref, gl_ref, trail_ref, seg_ref, out_ref = refs
   else:
@@ -263,22 +275,35 @@ def _gate_kernel(qh_ref, *refs, block_size, num_picks, has_q_lo):
               & (seg[:, None] != 0))
   s = jnp.where(eligible, s, -jnp.inf)
   slot = jnp.arange(kpad, dtype=jnp.int32)
-  picks = jnp.full((tile, kpad), -1, jnp.int32)
-  for k in range(num_picks):
+
+  def one_pass(k, carry):
+    s, picks = carry
     m = jnp.max(s, axis=1)
     idx = jnp.min(jnp.where(s == m[:, None], blk[None, :], npad), axis=1)
     found = m > -jnp.inf
     picks = jnp.where((slot[None, :] == k) & found[:, None], idx[:, None], picks)
-    s = jnp.where(blk[None, :] == idx[:, None], -jnp.inf, s)
-  out_ref[...] = picks
+    return jnp.where(blk[None, :] == idx[:, None], -jnp.inf, s), picks
+
+  picks = jnp.full((tile, kpad), -1, jnp.int32)
+  passes = passes_ref[0]
+  if num_picks > _UNROLLED_GATE_PICKS:
+    out_ref[...] = lax.fori_loop(0, passes, one_pass, (s, picks))[1]
+    return
+  carry = (s, picks)
+  for k in range(num_picks):
+    carry = one_pass(k, carry)
+  out_ref[...] = jnp.where(slot[None, :] < passes, carry[1], -1)
 
 
 def moba_gate_topk(qh_BTGD, ql_BTGD, gh_BNGD, gl_BNGD, trail_seg_BN, segment_ids_BT, *,
-                   block_size: int, num_picks: int, interpret: bool, tile: int = 128,
-                   num_warps: int | None = None):
+                   block_size: int, num_picks: int, interpret: bool, picks_B=None,
+                   tile: int = 128, num_warps: int | None = None):
   """Top num_picks eligible blocks per (token, KV group): int32 [B, T, G, num_picks],
   best first, -1 where fewer are eligible. Inputs are the bf16 (hi, lo) parts of
-  the group queries (lo may be None) and of the gate keys, as gating.gate_dot. tile: tokens
+  the group queries (lo may be None) and of the gate keys, as gating.gate_dot. picks_B
+  (int [B], runtime data; None: num_picks for every row): row b's top min(picks_B[b],
+  num_picks) only, its later slots -1 - the passes the kernel makes, so that a budget below
+  the compiled k_max costs its own picks, not k_max's. tile: tokens
   per program at most (halved until it divides T and its scores fit in registers);
   num_warps: by default 8 for 128-token tiles, else 4. On the H200 at S=32K, 16/16 x 128,
   block 512 (gate_tiles.py, BENCHMARKS.md) 128 tokens on 8 warps were the fastest, and 64 on
@@ -297,10 +322,12 @@ def moba_gate_topk(qh_BTGD, ql_BTGD, gh_BNGD, gl_BNGD, trail_seg_BN, segment_ids
   has_q_lo = ql_BTGD is not None
   kernel = functools.partial(_gate_kernel, block_size=block_size, num_picks=num_picks,
                              has_q_lo=has_q_lo)
+  passes_B = jnp.full((b,), num_picks, jnp.int32) if picks_B is None else picks_B
+  passes_B = jnp.clip(passes_B.astype(jnp.int32), 0, num_picks)
   picks = pl.pallas_call(
       kernel,
       grid=(b, g, t // tile),
-      in_specs=[q_spec] + [q_spec] * has_q_lo + [
+      in_specs=[pl.BlockSpec((1,), lambda b_, g_, i: (b_,)), q_spec] + [q_spec] * has_q_lo + [
           key_spec, key_spec, pl.BlockSpec((None, npad), lambda b_, g_, i: (b_, 0)),
           pl.BlockSpec((None, tile), lambda b_, g_, i: (b_, i))],
       out_specs=pl.BlockSpec((None, tile, None, kpad), lambda b_, g_, i: (b_, i, g_, 0)),
@@ -308,7 +335,7 @@ def moba_gate_topk(qh_BTGD, ql_BTGD, gh_BNGD, gl_BNGD, trail_seg_BN, segment_ids
       compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
       interpret=interpret,
       name="moba_gate_topk",
-  )(qh_BTGD, *([ql_BTGD] if has_q_lo else []), pad_n(gh_BNGD), pad_n(gl_BNGD),
+  )(passes_B, qh_BTGD, *([ql_BTGD] if has_q_lo else []), pad_n(gh_BNGD), pad_n(gl_BNGD),
     pad_n(trail_seg_BN), segment_ids_BT.astype(jnp.int32))
   return picks[..., :num_picks]
 

@@ -17,22 +17,23 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels.moba import gating
 from pallas_kernels.moba.hopper.common import (_await_last_frees, _check_layout, check_supported,
-                                               _consumer_setup, DKV_TILE, _grid, _mma_turn,
-                                               _per_row, _persistent_call, _ROWS, _slots,
-                                               _smem_transforms, _sorted, sorted_rows, _trips,
-                                               _turns)
+                                               _consumer_setup, DKV_TILE, _grid, ITEM_ROWS,
+                                               _mma_turn, _per_row, _persistent_call, _ROWS,
+                                               _slots, _smem_transforms, _sorted, sorted_rows,
+                                               _trips, _turns)
 from pallas_kernels.moba.kernels import _LOG2E, MobaBlockSizes, keys_before_tile
 
 
 def _dkv_kernel(tile_ref, part_ref, num_ref, first_ref, end_ref, whole_ref, seg_ref, pos_ref,
                 lse2_ref, delta_ref, qs_ref, dos_ref, k_ref, v_ref, kseg_ref, dk_ref, dv_ref,
                 dk_hi_ref, dk_lo_ref, dv_hi_ref, dv_lo_ref, scoped, *, sm_scale, tiles_per_row,
-                tiles_per_block, num_groups, grid, stages, split, p_in_smem):
+                tiles_per_block, num_groups, grid, stages, split, p_in_smem, chunk):
   """dk/dv per key tile of DKV_TILE keys: each compute warpgroup holds dK, dV of its 64 keys
-  in registers over the 64-row chunks of the tile's block (q and dO rows already in sorted
-  order, so each chunk is one TMA box), computing S^T = K q^T and dP^T = V dO^T, then
-  dV += P^T dO and dK += dS^T q with P^T and dS^T from registers; the two warpgroups share
-  each chunk (with pingpong taking turns on the tensor cores). A producer warpgroup streams
+  in registers over the `chunk`-row chunks (64 or 128) of the tile's block (q and dO rows
+  already in sorted order, so each chunk is one TMA box), computing S^T = K q^T and dP^T =
+  V dO^T, then dV += P^T dO and dK += dS^T q with P^T and dS^T from registers; the two
+  warpgroups share each chunk (with pingpong taking turns on the tensor cores). A producer
+  warpgroup streams
   the tiles' K/V (two buffers, so the next tile's load overlaps this one's chunks) and the
   chunks (`stages` slots: q, dO and the rows' lse, delta, segment and position). dK and dV leave
   through the warpgroup's half of the K/V buffer. Persistent: CTA c runs items c, c + grid,
@@ -71,7 +72,7 @@ def _dkv_kernel(tile_ref, part_ref, num_ref, first_ref, end_ref, whole_ref, seg_
 
       def chunk_body(c, cstep):
         slot = lax.rem(cstep, stages)
-        rows = (b, g, pl.ds(c * _ROWS, _ROWS))
+        rows = (b, g, pl.ds(c * chunk, chunk))
         with jax.named_scope("wait_chunk_free"):
           plgpu.barrier_wait(chunk_free.at[slot])
         for src, dst in ((qs_ref, q_smem.at[slot]), (dos_ref, do_smem.at[slot]),
@@ -89,7 +90,7 @@ def _dkv_kernel(tile_ref, part_ref, num_ref, first_ref, end_ref, whole_ref, seg_
   def _consumer():
     _consumer_setup(frees)
     wait_turn, end_turn, finish = _turns(turn)
-    shape = (_ROWS, _ROWS)  # (this warpgroup's keys, a chunk's rows)
+    shape = (_ROWS, chunk)  # (this warpgroup's keys, a chunk's rows)
     d = k_smem.shape[-1]
     mine = pl.ds(wg * _ROWS, _ROWS)
     wg_p = p_smem.at[wg] if p_in_smem else None
@@ -204,13 +205,15 @@ class DkvItems(NamedTuple):
 # chunks than the per-item share total_chunks / (this * grid), so no item holds more than
 # that share and the split items' slots have a static bound (twice this * grid).
 _DKV_SPLITS_PER_CTA = 1
-_DKV_MIN_SPLIT_CHUNKS = 8  # shorter parts would pay a tile's K/V load and epilogue for little
+# In 64-row chunks: shorter parts would pay a tile's K/V load and epilogue for little.
+_DKV_MIN_SPLIT_CHUNKS = 8
 
 
-def dkv_items(first_T, end_T, grid: int, *, split: bool = True) -> DkvItems:
+def dkv_items(first_T, end_T, grid: int, *, split: bool = True,
+              min_chunks: int = _DKV_MIN_SPLIT_CHUNKS) -> DkvItems:
   """The dk/dv work items for tiles whose runs cover chunks [first_T, end_T): one item per
   tile, except (with split) that a tile whose run is longer than the per-item share m (total
-  chunks / (_DKV_SPLITS_PER_CTA * grid), at least _DKV_MIN_SPLIT_CHUNKS) is split into
+  chunks / (_DKV_SPLITS_PER_CTA * grid), at least min_chunks) is split into
   ceil(len / m) parts of m chunks, each written to its own slot and summed by _add_parts.
   Without splits a gate that sends most tokens to a few blocks leaves one CTA a whole long
   run while the others idle. split=False: one item per tile and one slot, never used."""
@@ -224,7 +227,7 @@ def dkv_items(first_T, end_T, grid: int, *, split: bool = True) -> DkvItems:
                     num_1=jnp.full((1,), num_tiles, jnp.int32), part_tile_P=none,
                     part_lead_P=jnp.ones((1,), jnp.int32))
   cap = _DKV_SPLITS_PER_CTA * grid
-  m = jnp.maximum(-(-len_T.sum() // cap), _DKV_MIN_SPLIT_CHUNKS)
+  m = jnp.maximum(-(-len_T.sum() // cap), min_chunks)
   parts_T = jnp.where(len_T > m, -(-len_T // m), 0)  # 0: not split
   # Split tiles have len > m, so ceil(len / m) < 2 len / m: at most 2 * cap slots.
   num_parts = 2 * cap
@@ -292,13 +295,16 @@ def longest_first(length_I):
 def moba_dkv(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_ids_BT, *,
              block_size, bs: MobaBlockSizes, interpret: bool | plgpu.InterpretGPUParams,
              stages: int = 2, num_ctas: int | None = None, q_rows=None, do_rows=None,
-             pingpong: bool | None = None):
+             pingpong: bool | None = None, chunk_rows: int | None = None):
   """dk, dv [B, T, Hkv, D] in k's dtype, as kernels.moba_dkv, on a layout padded with
   pad_rows=ITEM_ROWS (block_size a multiple of DKV_TILE). q and dO are first gathered into
   sorted order (gather_rows), so that every chunk the kernel reads is one box; q_rows /
   do_rows: their rows already in that order (as moba_dq_rows). pingpong: as
   moba_forward_rows' (None: off at head_dim 128, 1.196 ms against 1.257 with it at 16/16
-  heads; on below, 0.975 against 0.982 without it at 14/2 x 64)."""
+  heads; on below, 0.975 against 0.982 without it at 14/2 x 64). chunk_rows: sorted rows
+  per chunk step, 64 or 128 (None: 128 below head_dim 128, 0.885 ms against 0.976 at 14/2
+  x 64, top-3, whose 64 x 64 x 64 products are too short to keep the tensor cores fed; 64 at
+  128, where 128 rows' K/V and chunk buffers exceed shared memory)."""
   q_rows = _sorted(q_BSD, q_rows, layout, interpret, "q")
   do_rows = _sorted(do_BSD, do_rows, layout, interpret, "do")
   b, g, l = layout.row_src_BGL.shape
@@ -308,31 +314,38 @@ def moba_dkv(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_id
   check_supported(q_rows.dtype, d, bs, block_size)
   _check_layout(layout, block_size, 64)
   pingpong = d < 128 if pingpong is None else pingpong
+  chunk = (ITEM_ROWS if d < 128 else _ROWS) if chunk_rows is None else chunk_rows
+  if chunk not in (_ROWS, ITEM_ROWS):
+    raise ValueError(f"chunk_rows must be {_ROWS} or {ITEM_ROWS}, got {chunk_rows}")
+  per = chunk // _ROWS  # the layout's 64-row chunks per chunk step
   gh = s // t // g
-  # Chunks of the tile's block, less those holding only own-block rows before the tile.
+  # Chunks of the tile's block, less those holding only own-block rows before the tile (in
+  # whole chunk steps: a step's rows before the tile are masked out). Runs are padded to
+  # ITEM_ROWS rows, so every run is whole chunk steps.
   skip_B1n = keys_before_tile(segment_ids_BT, block_size=block_size, tile=DKV_TILE)[:, None]
   chunks_BGn2 = jnp.repeat(layout.block_chunks_BGN2, block_size // DKV_TILE, axis=2)
-  first = (chunks_BGn2[..., 0] + (skip_B1n * gh) // _ROWS).reshape(-1).astype(jnp.int32)
-  end = chunks_BGn2[..., 1].reshape(-1).astype(jnp.int32)
+  first = ((chunks_BGn2[..., 0] * _ROWS + skip_B1n * gh) // chunk).reshape(-1).astype(jnp.int32)
+  end = (chunks_BGn2[..., 1] // per).reshape(-1).astype(jnp.int32)
   num_ctas = _grid(num_ctas, interpret)
   split = bs.fit(block_size, d).split_dkv_runs
-  items = dkv_items(first, end, num_ctas, split=split)
+  items = dkv_items(first, end, num_ctas, split=split,
+                    min_chunks=max(1, _DKV_MIN_SPLIT_CHUNKS // per))
   num_parts = items.part_tile_P.shape[0]
   dt = q_rows.dtype
   transforms = _smem_transforms(dt)
   kernel = functools.partial(_dkv_kernel, sm_scale=1.0 / math.sqrt(d),
                              tiles_per_row=t // DKV_TILE, tiles_per_block=block_size // DKV_TILE,
                              num_groups=g, grid=num_ctas, stages=stages, split=split,
-                             p_in_smem=bool(interpret))
+                             p_in_smem=bool(interpret), chunk=chunk)
 
   def entry(*refs):
-    scratch = [plgpu.SMEM((stages, _ROWS, d), dt, transforms=transforms),
-               plgpu.SMEM((stages, _ROWS, d), dt, transforms=transforms),
-               plgpu.SMEM((stages, 2, _ROWS), jnp.float32),
-               plgpu.SMEM((stages, 2, _ROWS), jnp.int32),
+    scratch = [plgpu.SMEM((stages, chunk, d), dt, transforms=transforms),
+               plgpu.SMEM((stages, chunk, d), dt, transforms=transforms),
+               plgpu.SMEM((stages, 2, chunk), jnp.float32),
+               plgpu.SMEM((stages, 2, chunk), jnp.int32),
                plgpu.SMEM((2, DKV_TILE, d), dt, transforms=transforms),
                plgpu.SMEM((2, DKV_TILE, d), dt, transforms=transforms),
-               plgpu.SMEM((2, _ROWS, _ROWS), dt, transforms=transforms) if interpret else None]
+               plgpu.SMEM((2, _ROWS, chunk), dt, transforms=transforms) if interpret else None]
     bars = (plgpu.Barrier(num_arrivals=2, num_barriers=2),
             plgpu.Barrier(num_arrivals=2, num_barriers=2),
             plgpu.Barrier(num_arrivals=6, num_barriers=stages),
@@ -346,9 +359,11 @@ def moba_dkv(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_id
                                   jax.ShapeDtypeStruct(v_BTKD.shape, v_BTKD.dtype)] + [part] * 4,
                           name="moba_dkv_hopper", num_ctas=num_ctas, warpgroups=3,
                           interpret=interpret)
-  whole = gating.attended_key_tiles(layout.chunk_block_BGC, layout.row_seg_BGL,
-                                    layout.row_pos_BGL, segment_ids_BT,
-                                    num_blocks=t // block_size, block_rows=_ROWS, tile=DKV_TILE)
+  blk_BGC = layout.chunk_block_BGC
+  blk_BGC = blk_BGC.reshape(*blk_BGC.shape[:2], -1, per)[..., 0]  # a step's chunks share it
+  whole = gating.attended_key_tiles(blk_BGC, layout.row_seg_BGL, layout.row_pos_BGL,
+                                    segment_ids_BT, num_blocks=t // block_size, block_rows=chunk,
+                                    tile=DKV_TILE)
   dk, dv, dk_hi, dk_lo, dv_hi, dv_lo = call(
       items.tile_I, items.part_I, items.num_1, items.first_I, items.end_I, whole,
       layout.row_seg_BGL, layout.row_pos_BGL, sorted_rows(lse_BS * _LOG2E, layout),
