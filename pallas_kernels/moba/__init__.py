@@ -70,11 +70,11 @@ Measured (BENCHMARKS.md, H200, bf16, S=32K, block 512, 16 heads, D=128): top-3
 forward+backward 0.517-0.546x cuDNN dense causal's useful-FLOP rate with backend="mosaic"
 (hopper/: forward, dq and dk/dv in Pallas Mosaic GPU, persistent and warp-specialized;
 synchronised wall clock; 0.544-0.558x back to back, 0.555-0.584x on the GPU's own clock;
-0.631-0.652x / 0.656-0.676x at top-8 / 16) and 0.39-0.41x with the Triton kernels: the 0.6x
+0.605-0.652x / 0.647-0.676x at top-8 / 16) and 0.39-0.41x with the Triton kernels: the 0.6x
 target at top-3 is not reached. At 14/2 heads x 64 the Hopper kernels are the faster too
-(0.435-0.445x at top-3, 0.558-0.560x at top-8). Time linear in the budget (R^2 0.998 with
-the Hopper kernels, 0.999 with the Triton ones; k=2..16, one compile); the gating 7.3% of the
-step's GPU time.
+(0.452x at top-3, 0.506x on the GPU's clock; 0.596x at top-8). Time linear in the budget (R^2
+0.998 with the Hopper kernels, 0.999 with the Triton ones; k=2..16, one compile); the gating
+7.6% of the step's GPU time.
 """
 
 from pallas_kernels.moba.attention import moba_attention
