@@ -74,7 +74,7 @@ synchronised wall clock; 0.544-0.558x back to back, 0.555-0.584x on the GPU's ow
 target at top-3 is not reached. At 14/2 heads x 64 the Hopper kernels are the faster too
 (0.452x at top-3, 0.506x on the GPU's clock; 0.596x at top-8). Time linear in the budget (R^2
 0.998 with the Hopper kernels, 0.999 with the Triton ones; k=2..16, one compile); the gating
-7.6% of the step's GPU time.
+7.7% of the step's GPU time.
 """
 
 from pallas_kernels.moba.attention import moba_attention
