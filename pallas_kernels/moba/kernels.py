@@ -2,9 +2,9 @@
 sorted-row layout.
 
 * gate: per (row, KV group, tile of tokens) the scores against every block, the
-  eligibility mask and the top (k_b - 1) block ids (a loop of k_b - 1 passes, the row's
-  budget k_b read at run time; slots up to k_max - 1 hold -1 after), without writing scores
-  out.
+  eligibility mask and the top (k_b - 1) block ids (k_b - 1 passes, the row's budget k_b
+  read at run time, looped from k_max 4 on; slots up to k_max - 1 hold -1 after), without
+  writing scores out.
 
 Three attention `pallas_call`s, all reading `MobaKVLayout` (see gating.py):
 
