@@ -236,13 +236,13 @@ def test_dq_rows_match_triton_dq(hq, hkv, block_size, presorted, sorted_do, over
 
 @pytest.mark.parametrize("hq, hkv, block_size, d, pingpong, chunk_rows", [
     (2, 1, 128, 64, False, 64), (4, 2, 256, 64, True, 64), (2, 2, 128, 128, False, 64),
-    (2, 1, 128, 64, True, 128), (4, 2, 256, 128, False, 128)])
+    (2, 1, 128, 64, True, 128), (4, 2, 256, 64, False, 128)])
 def test_dkv_match_triton_dkv(hq, hkv, block_size, d, pingpong, chunk_rows):
   """dk and dv equal the Triton dk/dv kernel's, given the same lse and delta, on fresh inputs
   with packed documents and ragged budgets, at head_dim 64 and 128; more key tiles than
   persistent CTAs, several chunks per tile; with and without ping-pong between the compute
-  warpgroups (pingpong); 64- and 128-row chunk steps; the interpreter's race detector watches
-  the run."""
+  warpgroups (pingpong); 64- and 128-row chunk steps (block 256: own-block rows before the
+  second key tile skipped in whole steps); the interpreter's race detector watches the run."""
   from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks
   from jax.experimental.pallas import mosaic_gpu as plgpu
   args = kernel_args(hq, hkv, block_size, d)
@@ -480,12 +480,13 @@ def test_gpu_compiled_mosaic_kernels_match_reference():
     ("dq_sorted_do", 16, 16, 128, 512, 3, False), ("dq_sorted_do", 16, 16, 128, 512, (3, 2), True),
     ("dq_sorted_do", 14, 2, 64, 512, (3, 2), True),
     ("dkv", 16, 16, 128, 512, 2, True), ("dkv", 14, 2, 64, 256, 2, True),
-    ("dkv", 16, 16, 128, 512, 3, False)])
+    ("dkv", 16, 16, 128, 512, 3, False), ("dkv_128_rows", 16, 16, 128, 512, 2, False)])
 def test_kernels_fit_h200_shared_memory(kernel, hq, hkv, d, block_size, stages, fits):
   """Lowered ahead of time for an H200 on the CPU (Mosaic GPU sizes shared memory while
   lowering): each kernel's default configuration fits at the headline shapes (dq at head_dim
-  64 with its default 128-key tiles); one more pipeline stage at head_dim 128 does not (dq
-  with both operands sorted: two more; dq's default is three K stages and two V)."""
+  64 with its default 128-key tiles; dk/dv there on 128-row chunk steps); one more pipeline
+  stage at head_dim 128 does not (dq with both operands sorted: two more; dq's default is
+  three K stages and two V), nor dk/dv's 128-row steps there."""
   from experiments.triton_ir import lower_for_h200
   from pallas_kernels.moba.attention import _fused_gate
   t, k_max = 32768, 3
@@ -503,7 +504,9 @@ def test_kernels_fit_h200_shared_memory(kernel, hq, hkv, d, block_size, stages, 
     lse = jnp.zeros((1, t, hq), jnp.float32)
     if kernel == "dq_sorted_do":
       common["sorted_do"] = True
-    fn = hopper.moba_dkv if kernel == "dkv" else hopper.moba_dq_rows
+    if kernel == "dkv_128_rows":
+      common["chunk_rows"] = 128
+    fn = hopper.moba_dkv if kernel.startswith("dkv") else hopper.moba_dq_rows
     return fn(flat(q), flat(do), flat(lse), flat(lse), layout, k, v, seg, **common)
 
   args = (shape(hq), shape(hkv), shape(hkv), shape(hq), jax.ShapeDtypeStruct((1, t), jnp.int32),

@@ -52,9 +52,10 @@ Semantics (exact; kernels and the dense reference compute the same function):
 
 Kernel design (kernels.py, layout in gating.py). Gate: one Pallas kernel per
 (row, KV group, token tile) computes the scores against all blocks, masks
-eligibility and keeps the top (k_b - 1) ids in registers, one pass per pick up to the
-row's budget (the [B, T, G, N] score tensor is never written; `moba_gate` is the XLA
-version with coverage and picks the same blocks). Attention: KV-centric. The gate's
+eligibility and keeps the top (k_b - 1) ids in registers - from k_max 4 on one looped pass
+per pick up to the row's budget, below that every pass unrolled (the [B, T, G, N] score
+tensor is never written; `moba_gate` is the XLA version with coverage and picks the same
+blocks). Attention: KV-centric. The gate's
 (token, slot) picks are sorted by KV block, per (row, KV group); each block's run of
 (token, head) rows is padded to a multiple of `block_rows`, so every chunk of
 `block_rows` rows reads exactly one block and no pair outside the selection is
@@ -74,7 +75,7 @@ synchronised wall clock; 0.544-0.558x back to back, 0.555-0.584x on the GPU's ow
 target at top-3 is not reached. At 14/2 heads x 64 the Hopper kernels are the faster too
 (0.452x at top-3, 0.506x on the GPU's clock; 0.596x at top-8). Time linear in the budget (R^2
 0.998 with the Hopper kernels, 0.999 with the Triton ones; k=2..16, one compile); the gating
-7.7% of the step's GPU time.
+7.6% of the step's GPU time.
 """
 
 from pallas_kernels.moba.attention import moba_attention

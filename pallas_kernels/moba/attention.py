@@ -167,7 +167,7 @@ def _fused_gate(q_BTHD, k_BTKD, segment_ids_BT, budget_B, *, block_size, k_max, 
     picks_BTGK = kernels.moba_gate_topk(
         *gate_kernel_operands(q_BTHD, k_BTKD, segment_ids_BT, block_size=block_size),
         segment_ids_BT, block_size=block_size, num_picks=k_max - 1, interpret=interpret,
-        picks_B=budget_B - 1)  # slots past a row's budget are never chosen
+        picks_B=budget_B - 1)  # selection_from_picks reads no slot past a row's budget
   return gating.selection_from_picks(jnp.maximum(picks_BTGK, 0), picks_BTGK >= 0, segment_ids_BT,
                                      budget_B, block_size=block_size, num_blocks=n)
 

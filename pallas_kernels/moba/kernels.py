@@ -2,9 +2,9 @@
 sorted-row layout.
 
 * gate: per (row, KV group, tile of tokens) the scores against every block, the
-  eligibility mask and the top (k_b - 1) block ids (k_b - 1 passes, the row's budget k_b
-  read at run time, looped from k_max 4 on; slots up to k_max - 1 hold -1 after), without
-  writing scores out.
+  eligibility mask and the top (k_b - 1) block ids, the row's budget k_b read at run time
+  (from k_max 4 on the kernel loops over k_b - 1 passes; the slots past them are -1),
+  without writing scores out.
 
 Three attention `pallas_call`s, all reading `MobaKVLayout` (see gating.py):
 
@@ -302,8 +302,8 @@ def moba_gate_topk(qh_BTGD, ql_BTGD, gh_BNGD, gl_BNGD, trail_seg_BN, segment_ids
   best first, -1 where fewer are eligible. Inputs are the bf16 (hi, lo) parts of
   the group queries (lo may be None) and of the gate keys, as gating.gate_dot. picks_B
   (int [B], runtime data; None: num_picks for every row): row b's top min(picks_B[b],
-  num_picks) only, its later slots -1 - the passes the kernel makes, so that a budget below
-  the compiled k_max costs its own picks, not k_max's. tile: tokens
+  num_picks) only, its later slots -1 - from num_picks 3 on the passes the kernel makes, so
+  that a budget below the compiled k_max costs its own picks, not k_max's. tile: tokens
   per program at most (halved until it divides T and its scores fit in registers);
   num_warps: by default 8 for 128-token tiles, else 4. On the H200 at S=32K, 16/16 x 128,
   block 512 (gate_tiles.py, BENCHMARKS.md) 128 tokens on 8 warps were the fastest, and 64 on
@@ -322,6 +322,8 @@ def moba_gate_topk(qh_BTGD, ql_BTGD, gh_BNGD, gl_BNGD, trail_seg_BN, segment_ids
   has_q_lo = ql_BTGD is not None
   kernel = functools.partial(_gate_kernel, block_size=block_size, num_picks=num_picks,
                              has_q_lo=has_q_lo)
+  if picks_B is not None and picks_B.shape != (b,):
+    raise ValueError(f"picks_B must be [B={b}], got shape {picks_B.shape}")
   passes_B = jnp.full((b,), num_picks, jnp.int32) if picks_B is None else picks_B
   passes_B = jnp.clip(passes_B.astype(jnp.int32), 0, num_picks)
   picks = pl.pallas_call(

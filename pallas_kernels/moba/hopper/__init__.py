@@ -32,8 +32,9 @@ attention.py does not change. What differs:
   the diagonal of an own-block item - run without the mask; own-block items stop after their
   last query's key tile.
 * dk/dv: items of DKV_TILE = 128 keys, one 64-key half per compute warpgroup, holding dK and
-  dV in registers over the 64-row chunks of the block's run (q and dO in sorted order - q's
-  rows from the forward, dO's from dq - so a chunk is one box), longest items first; the
+  dV in registers over the block's run in chunks of 64 rows (128 below head_dim 128) (q and
+  dO in sorted order - q's rows from the forward, dO's from dq - so a chunk is one box),
+  longest items first; the
   key tiles a chunk attends whole skip the mask. With MobaBlockSizes.split_dkv_runs a tile's
   run longer than a CTA's share is split into parts summed afterwards (dkv_items).
 

@@ -1,6 +1,6 @@
-"""The dk/dv kernel on key-tile work items (DKV_TILE keys of one KV block, over the 64-row
-chunks of the block's run): the item plan (longest first; runs longer than a CTA's share
-split into parts summed afterwards), the kernel and its entry moba_dkv.
+"""The dk/dv kernel on key-tile work items (DKV_TILE keys of one KV block, over the block's
+run in chunk steps of 64 or 128 sorted rows): the item plan (longest first; runs longer than
+a CTA's share split into parts summed afterwards), the kernel and its entry moba_dkv.
 """
 
 from __future__ import annotations
@@ -28,20 +28,19 @@ def _dkv_kernel(tile_ref, part_ref, num_ref, first_ref, end_ref, whole_ref, seg_
                 lse2_ref, delta_ref, qs_ref, dos_ref, k_ref, v_ref, kseg_ref, dk_ref, dv_ref,
                 dk_hi_ref, dk_lo_ref, dv_hi_ref, dv_lo_ref, scoped, *, sm_scale, tiles_per_row,
                 tiles_per_block, num_groups, grid, stages, split, p_in_smem, chunk):
-  """dk/dv per key tile of DKV_TILE keys: each compute warpgroup holds dK, dV of its 64 keys
-  in registers over the `chunk`-row chunks (64 or 128) of the tile's block (q and dO rows
-  already in sorted order, so each chunk is one TMA box), computing S^T = K q^T and dP^T =
-  V dO^T, then dV += P^T dO and dK += dS^T q with P^T and dS^T from registers; the two
-  warpgroups share each chunk (with pingpong taking turns on the tensor cores). A producer
-  warpgroup streams
-  the tiles' K/V (two buffers, so the next tile's load overlaps this one's chunks) and the
-  chunks (`stages` slots: q, dO and the rows' lse, delta, segment and position). dK and dV leave
-  through the warpgroup's half of the K/V buffer. Persistent: CTA c runs items c, c + grid,
-  ... below num_ref[0] (ordered by decreasing work outside, dkv_items). An item is a key tile
-  (tile_ref, flat over [B, G, tiles]) over the chunks [first_ref, end_ref) of its block's
-  run: the whole run, written to dk/dv, or (with `split`) one part of a long run (part_ref >=
-  0), whose dK and dV leave as bf16 hi/lo pairs (x = hi + lo to ~2^-17) in that slot of dk_hi/dk_lo/
-  dv_hi/dv_lo for the caller to sum. A chunk skips the mask for the key tiles it attends whole
+  """dk/dv per key tile of DKV_TILE keys: each compute warpgroup holds dK, dV of its 64 keys in
+  registers over the `chunk`-row chunks (64 or 128) of the tile's block (q and dO rows already
+  in sorted order, so each chunk is one TMA box), computing S^T = K q^T and dP^T = V dO^T, then
+  dV += P^T dO and dK += dS^T q with P^T and dS^T from registers; the two warpgroups share each
+  chunk (with pingpong taking turns on the tensor cores). A producer warpgroup streams the
+  tiles' K/V (two buffers, so the next tile's load overlaps this one's chunks) and the chunks
+  (`stages` slots: q, dO and the rows' lse, delta, segment and position). dK and dV leave
+  through the warpgroup's half of the K/V buffer. Persistent: CTA c runs items c, c + grid, ...
+  below num_ref[0] (ordered by decreasing work outside, dkv_items). An item is a key tile
+  (tile_ref, flat over [B, G, tiles]) over the chunks [first_ref, end_ref) of its block's run:
+  the whole run, written to dk/dv, or (with `split`) one part of a long run (part_ref >= 0),
+  whose dK and dV leave as bf16 hi/lo pairs (x = hi + lo to ~2^-17) in that slot of
+  dk_hi/dk_lo/dv_hi/dv_lo for the caller to sum. A chunk skips the mask for the key tiles it attends whole
   (whole_ref [B, G, C]: the first that many tiles of its block)."""
   q_smem, do_smem, rowf_smem, rowi_smem, k_smem, v_smem, p_smem, bars = scoped
   kv_bar, kv_free, chunk_bar, chunk_free, turn = bars
@@ -193,7 +192,7 @@ class DkvItems(NamedTuple):
   """dk/dv work items in the order the persistent CTAs deal them (longest first; item i of
   the first num_1[0] goes to CTA i % grid), and the partial-result slots of split tiles."""
   tile_I: jax.Array      # key tile, flat over [B, G, tiles]
-  first_I: jax.Array     # the item's chunks of its block's run: [first, end)
+  first_I: jax.Array     # the item's chunk steps of its block's run: [first, end)
   end_I: jax.Array
   part_I: jax.Array      # -1: the tile's whole run (written to dk/dv); else its slot
   num_1: jax.Array       # [1] items in use
@@ -211,10 +210,11 @@ _DKV_MIN_SPLIT_CHUNKS = 8
 
 def dkv_items(first_T, end_T, grid: int, *, split: bool = True,
               min_chunks: int = _DKV_MIN_SPLIT_CHUNKS) -> DkvItems:
-  """The dk/dv work items for tiles whose runs cover chunks [first_T, end_T): one item per
-  tile, except (with split) that a tile whose run is longer than the per-item share m (total
-  chunks / (_DKV_SPLITS_PER_CTA * grid), at least min_chunks) is split into
-  ceil(len / m) parts of m chunks, each written to its own slot and summed by _add_parts.
+  """The dk/dv work items for tiles whose runs cover chunks [first_T, end_T) (moba_dkv's
+  chunk steps): one item per tile, except (with split) that a tile whose run is longer than
+  the per-item share m (total chunks / (_DKV_SPLITS_PER_CTA * grid), at least min_chunks) is
+  split into ceil(len / m) parts of m chunks, each written to its own slot and summed by
+  _add_parts.
   Without splits a gate that sends most tokens to a few blocks leaves one CTA a whole long
   run while the others idle. split=False: one item per tile and one slot, never used."""
   len_T = jnp.maximum(end_T - first_T, 0)
@@ -301,7 +301,9 @@ def moba_dkv(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_id
   sorted order (gather_rows), so that every chunk the kernel reads is one box; q_rows /
   do_rows: their rows already in that order (as moba_dq_rows). pingpong: as
   moba_forward_rows' (None: off at head_dim 128, 1.196 ms against 1.257 with it at 16/16
-  heads; on below, 0.975 against 0.982 without it at 14/2 x 64). chunk_rows: sorted rows
+  heads; on below, 0.975 against 0.982 without it at 14/2 x 64 on 64-row chunk steps - on
+  128-row steps one process read 0.830 without it against 0.881, not yet adopted:
+  BENCHMARKS.md, seventh session). chunk_rows: sorted rows
   per chunk step, 64 or 128 (None: 128 below head_dim 128, 0.885 ms against 0.976 at 14/2
   x 64, top-3, whose 64 x 64 x 64 products are too short to keep the tensor cores fed; 64 at
   128, where 128 rows' K/V and chunk buffers exceed shared memory)."""
