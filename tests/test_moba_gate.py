@@ -243,6 +243,7 @@ def test_layout_padded_to_wider_runs():
   first = runs[..., :1]
   assert np.all((runs == first) | (runs < 0))  # one block per pad_rows run
   assert (cb < 0).any() and ((runs[..., 0] >= 0) & (runs[..., -1] < 0)).any()  # padding chunks
+  assert lay.run_rows == pad and np.all(np.asarray(lay.block_chunks_BGN2) * r % pad == 0)
   # Every used slot's rows hold its (token, head): 4 query heads, KV groups of 2.
   src = np.asarray(lay.row_src_BGL)
   entry = np.asarray(lay.entry_row_BGTK)

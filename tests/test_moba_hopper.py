@@ -431,6 +431,28 @@ def test_unsupported_arguments_are_errors(dtype, d, bs, match):
                    backend="cuda", interpret=True)
 
 
+def test_layout_without_128_row_runs_is_an_error():
+  """The Hopper kernels read runs of 128 rows (work items; dk/dv's chunk steps): a layout whose
+  runs are padded to 64 only is refused with the fix, before any kernel is built."""
+  rng = np.random.default_rng()
+  b, t, hq, hkv, d, block_size = 1, 512, 2, 1, 64, 128
+  q, k, v, do = make_inputs(rng, b, t, hq, hkv, d, jnp.bfloat16)
+  seg = jnp.ones((b, t), jnp.int32)
+  sel = moba_gate(q, k, seg, jnp.asarray([3]), block_size=block_size, k_max=3)
+  kw = dict(num_blocks=t // block_size, group_size=hq // hkv, block_rows=64)
+  assert build_kv_layout(sel, seg, pad_rows=hopper.ITEM_ROWS, **kw).run_rows == hopper.ITEM_ROWS
+  short = build_kv_layout(sel, seg, **kw)
+  assert short.run_rows == 64
+  flat = lambda x: x.reshape(b, t * hq, *x.shape[3:])
+  rows = jnp.zeros((b, t * hq), jnp.float32)
+  common = dict(block_size=block_size, bs=HOPPER, interpret=True)
+  with pytest.raises(ValueError, match="pad_rows=hopper.ITEM_ROWS"):
+    hopper.moba_forward_rows(flat(q), short, k, v, seg, **common)
+  for fn in (hopper.moba_dq_rows, hopper.moba_dkv):
+    with pytest.raises(ValueError, match="pad_rows=hopper.ITEM_ROWS"):
+      fn(flat(q), flat(do), rows, rows, short, k, v, seg, **common)
+
+
 def test_compiled_kernels_off_hopper_are_an_error():
   """Compiled (not interpreted) Mosaic GPU kernels need a Hopper GPU; on any other device the
   call says so instead of failing in the lowering. Interpret mode runs anywhere."""

@@ -70,6 +70,8 @@ class MobaKVLayout:
     padding row, one document on both sides, not a row's own block - so the kernels may
     skip the mask there (splash attention's "full" blocks); else 0.
   block_chunks_BGN2: int32 [first chunk, one-past-last chunk] of each KV block.
+  run_rows: (static) every block's run starts and ends on a multiple of this many rows
+    (build_kv_layout's pad_rows), so that runs of run_rows rows read one block each.
   """
 
   row_src_BGL: jax.Array
@@ -79,6 +81,7 @@ class MobaKVLayout:
   chunk_block_BGC: jax.Array
   chunk_full_BGC: jax.Array
   block_chunks_BGN2: jax.Array
+  run_rows: int = dataclasses.field(metadata=dict(static=True))
 
 
 def group_queries(q_BTHD: jax.Array, num_kv_heads: int) -> jax.Array:
@@ -403,7 +406,8 @@ def build_kv_layout(sel: MobaSelection, segment_ids_BT: jax.Array, *, num_blocks
     chunk_full_BGC = jnp.zeros_like(chunk_block_BGC)
   return MobaKVLayout(row_src_BGL=row_src_BGL, row_seg_BGL=row_seg_BGL, row_pos_BGL=row_pos_BGL,
                       entry_row_BGTK=entry_row_BGTK, chunk_block_BGC=chunk_block_BGC,
-                      chunk_full_BGC=chunk_full_BGC, block_chunks_BGN2=block_chunks_BGN2)
+                      chunk_full_BGC=chunk_full_BGC, block_chunks_BGN2=block_chunks_BGN2,
+                      run_rows=pad)
 
 
 def full_chunks(chunk_block_BGC, row_seg_BGL, row_pos_BGL, segment_ids_BT, *, num_blocks,

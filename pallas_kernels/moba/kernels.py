@@ -393,9 +393,10 @@ def gather_rows(x_BSD, layout, *, run_rows: int, interpret: bool) -> jax.Array:
   b, _, d = x_BSD.shape
   _, g, l = layout.row_src_BGL.shape
   chunk = l // layout.chunk_block_BGC.shape[-1]
-  if l % run_rows or run_rows % chunk:
+  if l % run_rows or run_rows % chunk or layout.run_rows % run_rows:
     raise ValueError(f"run_rows={run_rows} must be a multiple of the layout's chunk "
-                     f"({chunk} rows) dividing its {l} rows")
+                     f"({chunk} rows) dividing its {l} rows and its runs' padding "
+                     f"({layout.run_rows} rows)")
   per_run = run_rows // chunk
   return pl.pallas_call(
       _gather_kernel,

@@ -162,10 +162,10 @@ def _accumulate(acc, a, b_ref, p_smem):
 
 
 def _check_layout(layout, block_size, block_kv):
-  _, _, l = layout.row_src_BGL.shape
-  if l % ITEM_ROWS or layout.chunk_block_BGC.shape[-1] % (l // ITEM_ROWS):
+  if layout.run_rows % ITEM_ROWS:
     raise ValueError(f"the Mosaic GPU kernels need a layout padded to {ITEM_ROWS} rows "
-                     "(build_kv_layout(..., pad_rows=hopper.ITEM_ROWS))")
+                     f"(build_kv_layout(..., pad_rows=hopper.ITEM_ROWS)), got runs padded "
+                     f"to {layout.run_rows}")
   bkv = min(block_kv, block_size)
   if block_size % bkv or bkv % 64:
     raise ValueError(f"the Mosaic GPU kernels need block_kv % 64 == 0 dividing "

@@ -40,8 +40,8 @@ def _dkv_kernel(tile_ref, part_ref, num_ref, first_ref, end_ref, whole_ref, seg_
   (tile_ref, flat over [B, G, tiles]) over the chunks [first_ref, end_ref) of its block's run:
   the whole run, written to dk/dv, or (with `split`) one part of a long run (part_ref >= 0),
   whose dK and dV leave as bf16 hi/lo pairs (x = hi + lo to ~2^-17) in that slot of
-  dk_hi/dk_lo/dv_hi/dv_lo for the caller to sum. A chunk skips the mask for the key tiles it attends whole
-  (whole_ref [B, G, C]: the first that many tiles of its block)."""
+  dk_hi/dk_lo/dv_hi/dv_lo for the caller to sum. A chunk skips the mask for the key tiles it
+  attends whole (whole_ref [B, G, C]: the first that many tiles of its block)."""
   q_smem, do_smem, rowf_smem, rowi_smem, k_smem, v_smem, p_smem, bars = scoped
   kv_bar, kv_free, chunk_bar, chunk_free, turn = bars
   frees = _slots(kv_free, 2) + _slots(chunk_free, stages)
@@ -303,10 +303,11 @@ def moba_dkv(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_id
   moba_forward_rows' (None: off at head_dim 128, 1.196 ms against 1.257 with it at 16/16
   heads; on below, 0.975 against 0.982 without it at 14/2 x 64 on 64-row chunk steps - on
   128-row steps one process read 0.830 without it against 0.881, not yet adopted:
-  BENCHMARKS.md, seventh session). chunk_rows: sorted rows
-  per chunk step, 64 or 128 (None: 128 below head_dim 128, 0.885 ms against 0.976 at 14/2
-  x 64, top-3, whose 64 x 64 x 64 products are too short to keep the tensor cores fed; 64 at
-  128, where 128 rows' K/V and chunk buffers exceed shared memory)."""
+  BENCHMARKS.md, seventh session). chunk_rows: sorted rows per chunk step, 64 or 128 (None:
+  128 below head_dim 128, 0.885 ms against 0.976 at 14/2 x 64, top-3, whose 64 x 64 x 64
+  products are too short to keep the tensor cores fed; 64 at 128, where 128 rows' K/V and
+  chunk buffers exceed shared memory)."""
+  _check_layout(layout, block_size, 64)
   q_rows = _sorted(q_BSD, q_rows, layout, interpret, "q")
   do_rows = _sorted(do_BSD, do_rows, layout, interpret, "do")
   b, g, l = layout.row_src_BGL.shape
@@ -314,7 +315,6 @@ def moba_dkv(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_id
   s = lse_BS.shape[1]
   t = k_BTKD.shape[1]
   check_supported(q_rows.dtype, d, bs, block_size)
-  _check_layout(layout, block_size, 64)
   pingpong = d < 128 if pingpong is None else pingpong
   chunk = (ITEM_ROWS if d < 128 else _ROWS) if chunk_rows is None else chunk_rows
   if chunk not in (_ROWS, ITEM_ROWS):

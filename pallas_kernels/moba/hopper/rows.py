@@ -813,18 +813,18 @@ def moba_dq_rows(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segmen
     raise ValueError("q_rows / do_rows (rows in sorted order) need presorted=True")
   if sorted_do and (do_BSD is None or do_rows is not None):
     raise ValueError("sorted_do gathers dO's rows in the kernel: give do_BSD, not do_rows")
+  d = (q_BSD if q_BSD is not None else q_rows).shape[-1]
+  block_kv = (64 if d >= 128 else 128) if block_kv is None else block_kv
+  bkv = _check_layout(layout, block_size, block_kv)
   q = _sorted(q_BSD, q_rows, layout, interpret, "q") if presorted else q_BSD
   if sorted_do or not presorted:
     do = do_BSD.astype(q.dtype)
   else:
     do = _sorted(do_BSD, do_rows, layout, interpret, "do").astype(q.dtype)
   dt = q.dtype
-  d = q.shape[-1]
   _check_operands(dt, d, bs)
   overlap = d >= 128 if overlap is None else overlap
   pingpong = bool(pingpong)
-  block_kv = (64 if d >= 128 else 128) if block_kv is None else block_kv
-  bkv = _check_layout(layout, block_size, block_kv)
   out = _launch(
       functools.partial(_dq_kernel, overlap=overlap),
       (layout.row_src_BGL, layout.row_seg_BGL, layout.row_pos_BGL, sorted_rows(lse_BS, layout),
