@@ -11,7 +11,8 @@
 # round keeps every kernel's ptxas report (registers, spills, wgmma serialization: C75xx).
 # STEP=1 then runs the working tree's GPU tests and its time beside cuDNN at k in KS (3).
 # HLO=1: the working tree's first trace also writes the step's optimized HLO to $OUT/hlo/.
-# Last, a table per trace: kernel time, GPU span and its idle part, forward / dq / dk/dv.
+# Last, a table per trace (trace_table.py): kernel time, GPU span and its idle part, forward /
+# dq / dk/dv / gate, the gating alone.
 set -uo pipefail
 OUT=${OUT:?set OUT to a writable directory}
 TREES=${TREES:?set TREES to the source trees to compare}
@@ -68,17 +69,5 @@ echo "== per run =="
 cat "$OUT/runs.txt"
 if [ "$MODE" = trace ]; then
   echo "== per trace (ms per step) =="
-  python3 - "$OUT"/trace_*.json <<'PY'
-import json, os, sys
-for path in sys.argv[1:]:
-    if not os.path.exists(path):
-        continue
-    d = json.load(open(path))
-    kinds = {"forward": "moba_fwd", "dq": "moba_dq", "dk/dv": "moba_dkv"}
-    times = {k: sum(r["ms_per_step"] for r in d["rows"] if m in r["kernel"])
-             for k, m in kinds.items()}
-    print(f"{os.path.basename(path):26s} kernels {d['kernel_ms_per_step']:.3f} span "
-          f"{d['step_span_ms']:.3f} idle {d['step_idle_ms']:.3f} "
-          + " ".join(f"{k} {v:.3f}" for k, v in times.items()))
-PY
+  python3 "$(dirname "$0")/trace_table.py" "$OUT"/trace_*.json
 fi

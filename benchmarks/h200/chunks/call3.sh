@@ -16,14 +16,6 @@ TREES="ab_base ." ROUNDS=1 TRACE_ARGS="--heads h64 --block 512 --k 3 --k-max 8" 
     OUT=$OUT/h64k8 bash experiments/h200/ab_call.sh > $OUT/h64k8_call.log 2>&1
 [ "${PYTEST:-1}" = 1 ] && (cd ab_c128 && timeout 200 python3 -m pytest tests/test_moba_hopper.py \
     -m gpu -q -p no:cacheprovider > $OUT/c128_pytest.txt 2>&1; echo "exit $?" >> $OUT/c128_pytest.txt)
-python3 - $OUT/*/trace_*.json <<'PY'
-import json, os, sys
-for path in sys.argv[1:]:
-    d = json.load(open(path))
-    t = lambda m: sum(r["ms_per_step"] for r in d["rows"] if m in r["kernel"])
-    print(f"{path.split('/')[-2]:6s} {os.path.basename(path):22s} kernels {d['kernel_ms_per_step']:.3f}"
-          f" fwd {t('moba_fwd'):.3f} dq {t('moba_dq_'):.3f} dkv {t('moba_dkv'):.3f}"
-          f" gate {t('moba_gate_topk'):.4f} gating {d['gating_kernel_ms']:.3f}")
-PY
+python3 experiments/h200/trace_table.py $OUT/*/trace_*.json
 grep -h "registers" $OUT/*/ptxas.txt | grep dkv
 [ -e $OUT/c128_pytest.txt ] && tail -3 $OUT/c128_pytest.txt

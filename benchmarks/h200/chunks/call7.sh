@@ -11,13 +11,5 @@ TREES=". ab_nopp" ROUNDS=1 TRACE_ARGS="--heads h64 --block 512 --k 3" \
 TREES="." ROUNDS=1 OUT=$OUT/k3 bash experiments/h200/ab_call.sh > $OUT/k3_call.log 2>&1
 TREES="." ROUNDS=1 TRACE_ARGS="--heads h128 --block 512 --k 3 --k-max 4" \
     OUT=$OUT/k4 bash experiments/h200/ab_call.sh > $OUT/k4_call.log 2>&1
-python3 - $OUT/*/trace_*.json <<'PY'
-import json, os, sys
-for path in sys.argv[1:]:
-    d = json.load(open(path))
-    t = lambda m: sum(r["ms_per_step"] for r in d["rows"] if m in r["kernel"])
-    print(f"{path.split('/')[-2]:4s} {os.path.basename(path):20s} kernels {d['kernel_ms_per_step']:.3f}"
-          f" fwd {t('moba_fwd'):.3f} dq {t('moba_dq_'):.3f} dkv {t('moba_dkv'):.3f}"
-          f" gate {t('moba_gate_topk'):.4f} gating {d['gating_kernel_ms']:.3f}")
-PY
+python3 experiments/h200/trace_table.py $OUT/*/trace_*.json
 grep -h "registers" $OUT/*/ptxas.txt | grep dkv
