@@ -34,9 +34,9 @@ attention.py does not change. What differs:
 * dk/dv: items of DKV_TILE = 128 keys, one 64-key half per compute warpgroup, holding dK and
   dV in registers over the block's run in chunks of 64 rows (128 below head_dim 128) (q and
   dO in sorted order - q's rows from the forward, dO's from dq - so a chunk is one box),
-  longest items first; the
-  key tiles a chunk attends whole skip the mask. With MobaBlockSizes.split_dkv_runs a tile's
-  run longer than a CTA's share is split into parts summed afterwards (dkv_items).
+  longest items first; the key tiles a chunk attends whole skip the mask. With
+  MobaBlockSizes.split_dkv_runs a tile's run longer than a CTA's share is split into parts
+  summed afterwards (dkv_items).
 
 The kernels carry no automatic warpgroup barriers (CompilerParams.unsafe_no_auto_barriers):
 no thread reads shared memory its warpgroup also writes, and the ordering they need is
