@@ -295,18 +295,17 @@ def longest_first(length_I):
 def moba_dkv(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_ids_BT, *,
              block_size, bs: MobaBlockSizes, interpret: bool | plgpu.InterpretGPUParams,
              stages: int = 2, num_ctas: int | None = None, q_rows=None, do_rows=None,
-             pingpong: bool | None = None, chunk_rows: int | None = None):
+             pingpong: bool = False, chunk_rows: int | None = None):
   """dk, dv [B, T, Hkv, D] in k's dtype, as kernels.moba_dkv, on a layout padded with
   pad_rows=ITEM_ROWS (block_size a multiple of DKV_TILE). q and dO are first gathered into
   sorted order (gather_rows), so that every chunk the kernel reads is one box; q_rows /
   do_rows: their rows already in that order (as moba_dq_rows). pingpong: as
-  moba_forward_rows' (None: off at head_dim 128, 1.196 ms against 1.257 with it at 16/16
-  heads; on below, 0.975 against 0.982 without it at 14/2 x 64 on 64-row chunk steps - on
-  128-row steps one process read 0.830 without it against 0.881, not yet adopted:
-  BENCHMARKS.md, seventh session). chunk_rows: sorted rows per chunk step, 64 or 128 (None:
-  128 below head_dim 128, 0.885 ms against 0.976 at 14/2 x 64, top-3, whose 64 x 64 x 64
-  products are too short to keep the tensor cores fed; 64 at 128, where 128 rows' K/V and
-  chunk buffers exceed shared memory)."""
+  moba_forward_rows' (off by default: at head_dim 128 1.196 ms against 1.257 with it at 16/16
+  heads; at 14/2 x 64 on 128-row chunk steps 0.832 against 0.884, two processes each, where
+  on 64-row steps it had won by 0.7%: BENCHMARKS.md). chunk_rows: sorted rows per chunk
+  step, 64 or 128 (None: 128 below head_dim 128, 0.885 ms against 0.976 at 14/2 x 64,
+  top-3, whose 64 x 64 x 64 products are too short to keep the tensor cores fed; 64 at 128,
+  where 128 rows' K/V and chunk buffers exceed shared memory)."""
   _check_layout(layout, block_size, 64)
   q_rows = _sorted(q_BSD, q_rows, layout, interpret, "q")
   do_rows = _sorted(do_BSD, do_rows, layout, interpret, "do")
@@ -315,7 +314,6 @@ def moba_dkv(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_id
   s = lse_BS.shape[1]
   t = k_BTKD.shape[1]
   check_supported(q_rows.dtype, d, bs, block_size)
-  pingpong = d < 128 if pingpong is None else pingpong
   chunk = (ITEM_ROWS if d < 128 else _ROWS) if chunk_rows is None else chunk_rows
   if chunk not in (_ROWS, ITEM_ROWS):
     raise ValueError(f"chunk_rows must be {_ROWS} or {ITEM_ROWS}, got {chunk_rows}")
