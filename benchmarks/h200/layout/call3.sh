@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Device call 3 (prepared in the eighth 2026-12-01 session, not yet run: no machine was lent
-# after call 2). The layout's read ranks counted by a small kernel of their own
+# Device call 3 (prepared in the eighth 2026-12-01 session, run in the ninth: not kept, see
+# BENCHMARKS.md). The layout's read ranks counted by a small kernel of their own
 # (kernels.moba_read_ranks: 32 tokens a program, 48 registers per thread at k_max 3 compiled
 # on the CPU), leaving the gate kernel as it is, against the committed code: call 2's A/B and
 # GPU test (call2.sh, working tree against ab_base) on the working tree with the patch applied.

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Device call 4 (prepared in the eighth 2026-12-01 session, not yet run): the committed code
-# (after call 3's decision) beside cuDNN - 14/2 x 64 at top-3 and top-8, block 512 (dk/dv without
+# Device call 4 (prepared in the eighth 2026-12-01 session, run in the ninth on 782d47a): the
+# committed code beside cuDNN - 14/2 x 64 at top-3 and top-8, block 512 (dk/dv without
 # ping-pong since a18d9ec: traced only so far), and 16/16 x 128 at top-3 - then all GPU tests.
 set -uo pipefail
 OUT=${OUT:?}
