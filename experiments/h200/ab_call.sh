@@ -57,6 +57,13 @@ for tree in $TREES; do
         | sort -u | tr '\n' ' ')"
   done
 done | tee "$OUT/ptxas.txt"
+# The full text of every ptxas message with a code (C75xx: wgmma serialization and the like).
+for tree in $TREES; do
+  tag=$(basename "$(realpath "$tree")"); [ "$tree" = . ] && tag=work
+  for f in /tmp/dump_"$tag"/*.ptxas; do
+    [ -e "$f" ] && grep -h "C75" "$f" | sort -u | sed "s/^/$tag $(basename "$f"): /"
+  done
+done | tee "$OUT/ptxas_messages.txt"
 if [ "${STEP:-0}" = 1 ]; then
   timeout 200 python3 -m pytest tests/test_moba_hopper.py -m gpu -p no:cacheprovider \
       > "$OUT/pytest.txt" 2>&1
