@@ -49,21 +49,18 @@ for r in $(seq "$ROUNDS"); do
     fi
   done
 done
+# Per kernel: registers, spills and message codes (ptxas.txt), and the full text of every message
+# with a code (ptxas_messages.txt; C75xx: wgmma serialization and the like).
+: > "$OUT/ptxas_messages.txt"
 for tree in $TREES; do
   tag=$(basename "$(realpath "$tree")"); [ "$tree" = . ] && tag=work
   for f in /tmp/dump_"$tag"/*.ptxas; do
     [ -e "$f" ] || continue
     echo "$tag $(basename "$f"): $(grep -oE 'Used [0-9]+ registers|[0-9]+ bytes spill stores|C75[0-9]+' "$f" \
         | sort -u | tr '\n' ' ')"
+    grep -h "C75" "$f" | sort -u | sed "s/^/$tag $(basename "$f"): /" >> "$OUT/ptxas_messages.txt"
   done
 done | tee "$OUT/ptxas.txt"
-# The full text of every ptxas message with a code (C75xx: wgmma serialization and the like).
-for tree in $TREES; do
-  tag=$(basename "$(realpath "$tree")"); [ "$tree" = . ] && tag=work
-  for f in /tmp/dump_"$tag"/*.ptxas; do
-    [ -e "$f" ] && grep -h "C75" "$f" | sort -u | sed "s/^/$tag $(basename "$f"): /"
-  done
-done | tee "$OUT/ptxas_messages.txt"
 if [ "${STEP:-0}" = 1 ]; then
   timeout 200 python3 -m pytest tests/test_moba_hopper.py -m gpu -p no:cacheprovider \
       > "$OUT/pytest.txt" 2>&1
