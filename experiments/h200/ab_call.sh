@@ -11,6 +11,8 @@
 # round keeps every kernel's ptxas report (registers, spills, wgmma serialization: C75xx).
 # STEP=1 then runs the working tree's GPU tests and its time beside cuDNN at k in KS (3).
 # HLO=1: the working tree's first trace also writes the step's optimized HLO to $OUT/hlo/.
+# PTX=1: the first round also keeps every kernel's PTX, $OUT/ptx/<tree>_<kernel>.ptx (for
+# sass_lines.py: instructions per source line).
 # Last, a table per trace (trace_table.py): kernel time, GPU span and its idle part, forward /
 # dq / dk/dv / gate, the gating alone.
 set -uo pipefail
@@ -31,6 +33,7 @@ for r in $(seq "$ROUNDS"); do
     if [ "$r" = 1 ]; then
       mkdir -p "/tmp/dump_$tag"  # Mosaic GPU writes no dump into a folder that does not exist
       dump=(env MOSAIC_GPU_DUMP_TO="/tmp/dump_$tag" MOSAIC_GPU_DUMP_PTXAS=1)
+      [ "${PTX:-0}" = 1 ] && dump+=(MOSAIC_GPU_DUMP_PTX=1)
     fi
     if [ "$MODE" = trace ]; then
       # shellcheck disable=SC2086
@@ -60,6 +63,12 @@ for tree in $TREES; do
         | sort -u | tr '\n' ' ')"
     grep -h "C75" "$f" | sort -u | sed "s/^/$tag $(basename "$f"): /" >> "$OUT/ptxas_messages.txt"
   done
+  if [ "${PTX:-0}" = 1 ]; then
+    mkdir -p "$OUT/ptx"
+    for f in /tmp/dump_"$tag"/*.ptx; do
+      [ -e "$f" ] && cp "$f" "$OUT/ptx/${tag}_$(basename "$f")"
+    done
+  fi
 done | tee "$OUT/ptxas.txt"
 if [ "${STEP:-0}" = 1 ]; then
   timeout 200 python3 -m pytest tests/test_moba_hopper.py -m gpu -p no:cacheprovider \
