@@ -100,6 +100,9 @@ def main():
   p.add_argument("--dq-config", default="64,2",
                  help="block_kv,stages[,V stages] of the dq kernel (its default at head_dim "
                       "128, 64,3,2, leaves too little shared memory for 300 events)")
+  p.add_argument("--forward-schedule", default=None,
+                 help="overlap,pingpong (0 or 1 each) of the forward kernel; default: its "
+                      "defaults for the head_dim")
   p.add_argument("--kernels", nargs="+", default=["forward", "dq", "dkv"],
                  choices=["forward", "dq", "dkv"])
   p.add_argument("--plain", action="store_true",
@@ -115,9 +118,14 @@ def main():
   do_rows = hopper.gather_rows(do_flat, lay, False)
   dq_bkv, *dq_stages = (int(x) for x in args.dq_config.split(","))
   dq_stages = dq_stages[0] if len(dq_stages) == 1 else tuple(dq_stages)
+  schedule = {}
+  if args.forward_schedule:
+    overlap, pingpong = (bool(int(x)) for x in args.forward_schedule.split(","))
+    schedule = dict(overlap=overlap, pingpong=pingpong)
   kernels = {
       "forward": (lambda q_flat, k, v: hopper.moba_forward_rows(
-          q_flat, lay, k, v, seg, block_size=block, bs=bs, interpret=False, sorted_q=True),
+          q_flat, lay, k, v, seg, block_size=block, bs=bs, interpret=False, sorted_q=True,
+          **schedule),
           (q_flat, k, v), 4),
       "dq": (lambda q_rows, do_rows, lse, delta, k, v: hopper.moba_dq_rows(
           None, None, lse, delta, lay, k, v, seg, block_size=block, bs=bs, interpret=False,
@@ -137,7 +145,8 @@ def main():
   if not args.out:
     p.error("--out is required unless --plain")
   result = dict(device=jax.devices()[0].device_kind, seq=t, block=block, k=args.k,
-                heads=args.heads, events=args.events, dq_config=args.dq_config, kernels={})
+                heads=args.heads, events=args.events, dq_config=args.dq_config,
+                forward_schedule=args.forward_schedule, kernels={})
   root = tempfile.mkdtemp(prefix="moba_profile_")
   for name, (fn, fn_args, wgs) in kernels.items():
     try:
