@@ -23,6 +23,8 @@ from pallas_kernels.moba.hopper.common import (_accumulate, _await_last_frees, _
                                                _turns)
 from pallas_kernels.moba.kernels import _LOG2E, _MASK, MobaBlockSizes
 
+_IDS_AHEAD = 8  # row ids the gatherer reads ahead of their copies (registers: it keeps 24)
+
 
 def persistent_items(layout, segment_ids_BT, *, block_size: int, block_kv: int):
   """Work items of the forward: every ITEM_ROWS-row run of a (row, KV group)'s
@@ -199,12 +201,16 @@ def _streams(item_at, item_loop, trips, src_ref, gathered, views, row_refs, k_re
     def gather_half(b, g, i, w, buf):
       copy_row_values(b, g, i, w, bars.rows.at[w])
       copy_presorted(b, g, i, w, buf, bars.rows.at[w])
-      for r in range(_ROWS):
-        row = pl.ds(idx_smem[w * _ROWS + r], 1)
-        for n, ref in enumerate(gathered):
-          if not presorted[n]:
-            plgpu.copy_gmem_to_smem(ref.at[b, row], stage_smems[n].at[w, pl.ds(r, 1)],
-                                    bars.rows.at[w])
+      # Row ids are read _IDS_AHEAD at a time before their copies: a copy's issue is an
+      # asm block no load moves across, so an id read just before its copy would put a
+      # shared-memory load's latency on every copy's dependent chain.
+      for r0 in range(0, _ROWS, _IDS_AHEAD):
+        ids = [idx_smem[w * _ROWS + r] for r in range(r0, r0 + _IDS_AHEAD)]
+        for r, row_id in enumerate(ids, start=r0):
+          for n, ref in enumerate(gathered):
+            if not presorted[n]:
+              plgpu.copy_gmem_to_smem(ref.at[b, pl.ds(row_id, 1)],
+                                      stage_smems[n].at[w, pl.ds(r, 1)], bars.rows.at[w])
 
     def box_half(b, g, i, w, buf):
       copy_row_values(b, g, i, w, bars.box.at[w])
