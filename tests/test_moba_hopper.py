@@ -128,17 +128,19 @@ def assert_outputs_close(got_o, want_o, rows, args, *, block_size, bs):
 
 
 @pytest.mark.parametrize("hq, hkv, block_size, overlap, pingpong", [
-    (2, 1, 128, True, False), (4, 4, 64, False, True), (2, 2, 256, False, False)])
+    (3, 1, 128, True, False), (4, 4, 64, False, True), (2, 2, 256, False, False)])
 def test_rows_match_triton_forward(hq, hkv, block_size, overlap, pingpong):
   """Partial outputs and lse of every row a used chunk holds: the same function as the
   Triton kernel's with the same key tiles (so the same bf16 roundings of P), on fresh inputs
   with packed documents and ragged budgets. Three persistent CTAs, each running several work
   items of two chunks through one K/V stream; 128-key tiles where the block holds them.
   The gathered q rows the kernel stores for the backward (sorted_q) are those XLA's gather
-  puts in sorted order, on every row of every used item (padding rows included). Both
+  puts in sorted order, on every real row of every used item (padding rows: finite). Both
   schedules of the tensor-core turns (overlap), with and without ping-pong between the
   compute warpgroups (pingpong); the interpreter's race detector watches. With
-  one query head per KV group some halves come as one box (box_halves), the rest row by row."""
+  one query head per KV group some halves come as one box (box_halves), the rest row by row;
+  with three a token's rows come as one box and the rows of the tokens a half cuts one by one
+  (_half_plans: 64 is no multiple of 3, so halves start and end inside tokens)."""
   q_BSD, _, _, _, layout, k, v, seg = kernel_args(hq, hkv, block_size)
   args = (q_BSD, layout, k, v, seg)
   assert (boxed_halves(layout, seg, hq, block_size) > 0) == (hq == hkv)
@@ -157,12 +159,12 @@ def test_rows_match_triton_forward(hq, hkv, block_size, overlap, pingpong):
   chunk_used = np.asarray(layout.chunk_block_BGC) >= 0
   item_used = chunk_used.reshape(*chunk_used.shape[:2], -1, hopper.ITEM_ROWS // HOPPER.block_rows)
   item_rows_BGL = np.repeat(item_used[..., 0], hopper.ITEM_ROWS, axis=-1)
-  assert item_rows_BGL.sum() > 0
-  np.testing.assert_array_equal(np.asarray(got_q)[item_rows_BGL],
-                                np.asarray(hopper.sorted_rows(q_BSD, layout))[item_rows_BGL])
-  used_BGL = np.repeat(np.asarray(layout.chunk_block_BGC) >= 0, HOPPER.block_rows, axis=-1)
-  real_BGL = used_BGL & (np.asarray(layout.row_seg_BGL) != 0)
-  assert real_BGL.sum() > 0
+  real_BGL = item_rows_BGL & (np.asarray(layout.row_seg_BGL) != 0)
+  assert real_BGL.sum() > 0 and (item_rows_BGL & ~real_BGL).sum() > 0
+  np.testing.assert_array_equal(np.asarray(got_q)[real_BGL],
+                                np.asarray(hopper.sorted_rows(q_BSD, layout))[real_BGL])
+  # A used item's padding rows hold rows of q too (which ones, _half_plans says).
+  assert np.isfinite(np.asarray(got_q, np.float32)[item_rows_BGL]).all()
   np.testing.assert_allclose(np.asarray(got_lse)[real_BGL], np.asarray(want_lse)[real_BGL],
                              rtol=1e-5, atol=1e-5)
   assert_outputs_close(got_o, want_o, real_BGL, args, block_size=block_size, bs=tiles)
@@ -185,7 +187,7 @@ def test_gather_rows_match_xla_gather():
 
 @pytest.mark.parametrize(
     "hq, hkv, block_size, presorted, sorted_do, overlap, pingpong, block_kv, num_ctas", [
-        (2, 1, 128, False, False, True, True, 64, 3),
+        (3, 1, 128, False, False, True, True, 64, 3),
         (2, 2, 256, True, False, False, False, None, 3),
         (2, 1, 256, True, True, True, True, None, 3),
         (2, 2, 128, False, True, False, True, None, 3),
@@ -200,9 +202,10 @@ def test_dq_rows_match_triton_dq(hq, hkv, block_size, presorted, sorted_do, over
   returns them in sorted order (sorted_do); both schedules of the tensor-core turns
   (overlap), with and without ping-pong (pingpong); 64-key K/V tiles and the default at this
   head_dim (128); the interpreter's race detector watches the run. Gathered with one query
-  head per KV group, some halves come as one box (box_halves). Presorted q comes into tiles
-  of two item parities, freed per item: the last case has more CTAs than items, so some run
-  none."""
+  head per KV group, some halves come as one box (box_halves); with more, each whole token's
+  rows come as one box (_half_plans; three heads: halves cut tokens). Presorted q comes into
+  tiles of two item parities, freed per item: the last case has more CTAs than items, so some
+  run none."""
   from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks
   from jax.experimental.pallas import mosaic_gpu as plgpu
   args = kernel_args(hq, hkv, block_size)
@@ -483,7 +486,7 @@ def test_gpu_compiled_mosaic_kernels_match_reference():
     pytest.fail(f"the Mosaic GPU kernels target Hopper, found {jax.devices()[0].device_kind}")
   rng = np.random.default_rng()
   b, t, block_size, k_max = 2, 2048, 256, 4
-  for hq, hkv, d in ((8, 2, 64), (4, 4, 128)):
+  for hq, hkv, d in ((14, 2, 64), (4, 4, 128)):  # 7 heads a group: halves cut tokens
     q, k, v, do = make_inputs(rng, b, t, hq, hkv, d, jnp.bfloat16)
     seg = packed_segments(rng, b, t, block_size, aligned=True)
     budget = jnp.asarray([2, 4], jnp.int32)

@@ -21,16 +21,17 @@ attention.py does not change. What differs:
   warpgroup streams the K and V tiles (`stages` slots each, or K's and V's: dq keeps a K
   tile until its dS K is done, a V tile only until dP) straight on from item to item; a fourth
   warpgroup brings the item's q (dq: and dO) rows into a plain staging buffer - gathered
-  row by row by TMA after their ids (the swizzled wgmma tiles take no single-row copies), or
-  one box per half where the half is 64 consecutive tokens of one head (a block's own rows
-  with one query head per KV group: box_halves) - and each compute warpgroup moves its half
-  into its swizzled tiles; rows already in sorted order (q in dq) come as one box per half
-  straight into the item's swizzled tile, one of two by item parity, so dq's output can leave
-  through it while the next item's rows arrive. The forward can store the q
-  rows it gathered, in sorted order (sorted_q), and dq the dO rows (sorted_do), for the
-  backward. The key tiles an item attends whole - all of a later block's, the ones before
-  the diagonal of an own-block item - run without the mask; own-block items stop after their
-  last query's key tile.
+  row by row by TMA after their ids (the swizzled wgmma tiles take no single-row copies), a
+  token's query heads of one KV group (consecutive rows there and in q) as one box
+  (_half_plans), or one box per half where the half is 64 consecutive tokens of one head (a
+  block's own rows with one query head per KV group: box_halves) - and each compute
+  warpgroup moves its half into its swizzled tiles; rows already in sorted order (q in dq)
+  come as one box per half straight into the item's swizzled tile, one of two by item
+  parity, so dq's output can leave through it while the next item's rows arrive. The
+  forward can store the q rows it gathered, in sorted order (sorted_q), and dq the dO rows
+  (sorted_do), for the backward. The key tiles an item attends whole - all of a later
+  block's, the ones before the diagonal of an own-block item - run without the mask;
+  own-block items stop after their last query's key tile.
 * dk/dv: items of DKV_TILE = 128 keys, one 64-key half per compute warpgroup, holding dK and
   dV in registers over the block's run in chunks of 64 rows (128 below head_dim 128) (q and
   dO in sorted order - q's rows from the forward, dO's from dq - so a chunk is one box),

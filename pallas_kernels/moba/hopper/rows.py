@@ -76,6 +76,37 @@ def _half_rows(i, half):
   return pl.ds(i * ITEM_ROWS + half * _ROWS, _ROWS)
 
 
+def _half_plans(group_heads: int) -> list[list[tuple[int, int]]]:
+  """How the gatherer copies one 64-row half of an item row by row, per gathered operand:
+  plans[lead] lists (first row in the half, rows) per copy for a half whose first whole token
+  starts at row `lead`. The layout keeps a token's group_heads query heads (which share its
+  block picks) in consecutive sorted rows, from the start of each block's run, and they are
+  consecutive rows of q viewed [B, T * Hq, D] too, so one box can bring a token's rows. A half
+  may start and end inside a token (runs start on multiples of 128 rows, not of
+  group_heads), so a plan copies the rows before its first whole token one by one, its whole
+  tokens a box each, the rows after its last one by one; which plan a half takes follows from
+  its first row's head (q's row src holds head src mod group_heads of its group). Padding
+  rows (row id 0) take the same copies, so they hold rows of q, not necessarily row 0. Where
+  no plan is shorter than 64 copies (one head per group, or very many), one plan of a copy per
+  row."""
+  gh = group_heads
+  plans = []
+  for lead in range(gh):
+    whole = (_ROWS - lead) // gh
+    tail = lead + whole * gh
+    plans.append([(r, 1) for r in range(lead)] + [(lead + k * gh, gh) for k in range(whole)]
+                 + [(r, 1) for r in range(tail, _ROWS)])
+  if gh == 1 or max(map(len, plans)) >= _ROWS:
+    return [[(r, 1) for r in range(_ROWS)]]
+  return plans
+
+
+def _half_arrivals(group_heads: int) -> int:
+  """The rows barrier's arrivals per gathered half and operand: the longest plan's copies (a
+  shorter plan arrives for the rest without a copy)."""
+  return max(map(len, _half_plans(group_heads)))
+
+
 def _item_reader(ids_ref, blk_ref, steps_ref, unmasked_ref, box_ref, *, grid, num_groups,
                  items_per_group):
   """Returns item_at(s): (b, g, i, block, key steps, unmasked steps, box halves) of this
@@ -115,8 +146,9 @@ def _streams(item_at, item_loop, trips, src_ref, gathered, views, row_refs, k_re
   order) into scoped.rowi, and gathers each item's rows of every ref in `gathered` into its
   staging buffer: TMA copies boxes and the wgmma operand layout (8-row swizzled tiles) takes no
   single-row copies, so the item's row ids come first (one copy into shared memory, the next
-  item's while this one computes), then one copy per row into a plain buffer, which the
-  compute warpgroups move into their swizzled tiles. 128 single-row copies per item and ref,
+  item's while this one computes), then one copy per row (per token's query heads of the KV
+  group, _half_plans) into a plain buffer, which the compute warpgroups move into their
+  swizzled tiles. 128 single-row copies per item and ref,
   issued by one thread, would hold up the K/V stream if one warpgroup issued both.
   presorted: per ref of `gathered`, whether it already holds the rows in sorted order
   ([B, G, L, D]): then each half is one box copy, straight into the item's swizzled tile
@@ -197,20 +229,36 @@ def _streams(item_at, item_loop, trips, src_ref, gathered, views, row_refs, k_re
       _await_last_frees([bars.rows_free, *tile_frees])
       return
     pl.when(trips > 0)(lambda: fetch_ids(0))
+    heads = next(view.shape[2] for view, p in zip(views, presorted) if not p)
+    plans = _half_plans(heads // k_ref.shape[2])
+    arrivals = max(map(len, plans))
+
+    def copy_plan(b, w, plan):
+      """One half's row copies by `plan` (_half_plans), then the arrivals the longest plan has
+      and this one lacks. Row ids are read _IDS_AHEAD at a time before their copies: a copy's
+      issue is an asm block no load moves across, so an id read just before its copy would
+      put a shared-memory load's latency on every copy's dependent chain."""
+      for c0 in range(0, len(plan), _IDS_AHEAD):
+        chunk = plan[c0:c0 + _IDS_AHEAD]
+        ids = [idx_smem[w * _ROWS + at] for at, _ in chunk]
+        for (at, size), row_id in zip(chunk, ids):
+          for n, ref in enumerate(gathered):
+            if not presorted[n]:
+              plgpu.copy_gmem_to_smem(ref.at[b, pl.ds(row_id, size)],
+                                      stage_smems[n].at[w, pl.ds(at, size)], bars.rows.at[w])
+      for _ in range((arrivals - len(plan)) * sum(not p for p in presorted)):
+        plgpu.barrier_arrive(bars.rows.at[w])
 
     def gather_half(b, g, i, w, buf):
       copy_row_values(b, g, i, w, bars.rows.at[w])
       copy_presorted(b, g, i, w, buf, bars.rows.at[w])
-      # Row ids are read _IDS_AHEAD at a time before their copies: a copy's issue is an
-      # asm block no load moves across, so an id read just before its copy would put a
-      # shared-memory load's latency on every copy's dependent chain.
-      for r0 in range(0, _ROWS, _IDS_AHEAD):
-        ids = [idx_smem[w * _ROWS + r] for r in range(r0, r0 + _IDS_AHEAD)]
-        for r, row_id in enumerate(ids, start=r0):
-          for n, ref in enumerate(gathered):
-            if not presorted[n]:
-              plgpu.copy_gmem_to_smem(ref.at[b, pl.ds(row_id, 1)],
-                                      stage_smems[n].at[w, pl.ds(r, 1)], bars.rows.at[w])
+      if len(plans) == 1:
+        copy_plan(b, w, plans[0])
+        return
+      gh = len(plans)
+      lead = lax.rem(gh - lax.rem(idx_smem[w * _ROWS], gh), gh)
+      for first, plan in enumerate(plans):
+        pl.when(lead == first)(functools.partial(copy_plan, b, w, plan))
 
     def box_half(b, g, i, w, buf):
       copy_row_values(b, g, i, w, bars.box.at[w])
@@ -689,14 +737,16 @@ def _stage_counts(stages) -> tuple[int, int]:
 
 
 def _launch(kernel, args, out_type, *, name, layout, segment_ids_BT, block_size, block_kv, stages,
-            presorted, d, dt, num_ctas, interpret, num_heads, pingpong, row_out=False):
+            presorted, d, dt, num_ctas, interpret, num_heads, group_heads, pingpong,
+            row_out=False):
   """Runs a compute kernel with its streams: persistent CTAs over the used items, four
   warpgroups, the shared-memory buffers and barriers of _Scoped (stages: _stage_counts';
   presorted: per operand whose rows the streams bring, whether it is in sorted order already
   or gathered row by row; args end with one view per such operand, [B, T, Hq, D] where it is
   gathered (for the halves box_halves marks), the operand itself, unused, where presorted;
   row_out: the kernel writes a per-row output; pingpong: the compute warpgroups take turns on
-  the tensor cores, _turns)."""
+  the tensor cores, _turns; group_heads: query heads per KV group, which sets the gathered
+  halves' copies, _half_plans)."""
   ks, vs = _stage_counts(stages)
   gathered = len(presorted)
   _, g, l = layout.row_src_BGL.shape
@@ -726,8 +776,9 @@ def _launch(kernel, args, out_type, *, name, layout, segment_ids_BT, block_size,
         bars=_Bars(
             idx=plgpu.Barrier(),
             rows=plgpu.Barrier(
-                # a box or a copy per row, per operand; + segment, position
-                num_arrivals=sum(1 if p else _ROWS for p in presorted) + 2,
+                # a box or a half's row copies, per operand; + segment, position
+                num_arrivals=sum(1 if p else _half_arrivals(group_heads)
+                                 for p in presorted) + 2,
                 num_barriers=2),
             box=plgpu.Barrier(num_arrivals=gathered + 2, num_barriers=2),
             rows_free=plgpu.Barrier(num_arrivals=2),
@@ -751,7 +802,8 @@ def moba_forward_rows(q_BSD, layout, k_BTKD, v_BTKD, segment_ids_BT, *, block_si
   """Partial output [B, G, L, D] (q dtype) and natural-log lse [B, G, L] per sorted row, as
   kernels.moba_forward_rows, on a layout padded with pad_rows=ITEM_ROWS; q_BSD is q reshaped
   to [B, T * Hq, D]; interpret as in _interpret_params. sorted_q: also return q's rows in
-  sorted order, [B, G, L, D] (sorted_rows(q_BSD, layout) on the rows of used items; rows of
+  sorted order, [B, G, L, D] (sorted_rows(q_BSD, layout) on the real rows of used items,
+  other rows of q on their padding rows (_half_plans), which every kernel masks; rows of
   unused items are not written), which the kernel has gathered anyway and the backward
   kernels take as q_rows in place of a second gather. K/V tiles of block_kv keys through
   `stages` slots (one int for both, or (K's, V's)): the defaults (128 keys, two stages) were
@@ -781,7 +833,8 @@ def moba_forward_rows(q_BSD, layout, k_BTKD, v_BTKD, segment_ids_BT, *, block_si
       name="moba_fwd_hopper", layout=layout, segment_ids_BT=segment_ids_BT,
       block_size=block_size, block_kv=bkv, stages=stages, presorted=(False,), d=d, dt=dt,
       row_out=True, num_ctas=num_ctas, interpret=interpret,
-      num_heads=q_BSD.shape[1] // k_BTKD.shape[1], pingpong=pingpong)
+      num_heads=q_BSD.shape[1] // k_BTKD.shape[1],
+      group_heads=q_BSD.shape[1] // k_BTKD.shape[1] // k_BTKD.shape[2], pingpong=pingpong)
 
 
 def moba_dq_rows(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_ids_BT, *,
@@ -804,8 +857,8 @@ def moba_dq_rows(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segmen
   gather_rows), in place of q_BSD / do_BSD, which may then be None.
 
   sorted_do: the kernel gathers dO's rows itself (from do_BSD; q as presorted says) and
-  also returns them in sorted order, [B, G, L, D] on the rows of used items, for moba_dkv's
-  do_rows: (dq, do_rows).
+  also returns them in sorted order, [B, G, L, D] on the real rows of used items (padding
+  rows as sorted_q's), for moba_dkv's do_rows: (dq, do_rows).
 
   overlap: each turn on the tensor cores issues a key step's S and dP with the previous
   step's dS K, and dS is computed under that dS K (as the forward's); else S, dP and dS K
@@ -842,7 +895,8 @@ def moba_dq_rows(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segmen
       name="moba_dq_hopper", layout=layout, segment_ids_BT=segment_ids_BT,
       block_size=block_size, block_kv=bkv, stages=stages,
       presorted=(presorted, presorted and not sorted_do), d=d, dt=dt, num_ctas=num_ctas,
-      interpret=interpret, num_heads=lse_BS.shape[1] // k_BTKD.shape[1], pingpong=pingpong)
+      interpret=interpret, num_heads=lse_BS.shape[1] // k_BTKD.shape[1],
+      group_heads=lse_BS.shape[1] // k_BTKD.shape[1] // k_BTKD.shape[2], pingpong=pingpong)
   return tuple(out) if sorted_do else out[0]
 
 
