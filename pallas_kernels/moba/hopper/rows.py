@@ -148,8 +148,8 @@ def _streams(item_at, item_loop, trips, src_ref, gathered, views, row_refs, k_re
   single-row copies, so the item's row ids come first (one copy into shared memory, the next
   item's while this one computes), then one copy per row (per token's query heads of the KV
   group, _half_plans) into a plain buffer, which the compute warpgroups move into their
-  swizzled tiles. 128 single-row copies per item and ref,
-  issued by one thread, would hold up the K/V stream if one warpgroup issued both.
+  swizzled tiles. Up to 128 copies per item and ref, issued by one thread, would hold up the
+  K/V stream if one warpgroup issued both.
   presorted: per ref of `gathered`, whether it already holds the rows in sorted order
   ([B, G, L, D]): then each half is one box copy, straight into the item's swizzled tile
   (scoped.tiles[n][s % 2]: two per warpgroup, by item parity, with no staging and no move;
