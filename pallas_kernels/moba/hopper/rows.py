@@ -136,7 +136,8 @@ def _item_reader(ids_ref, blk_ref, steps_ref, unmasked_ref, box_ref, *, grid, nu
 
 
 def _streams(item_at, item_loop, trips, src_ref, gathered, views, row_refs, k_ref, v_ref,
-             kseg_ref, scoped, *, block_size, block_kv, k_stages, v_stages, presorted):
+             kseg_ref, scoped, *, block_size, block_kv, k_stages, v_stages, presorted,
+             group_heads):
   """The two streaming warpgroups, shared by the forward and dq kernels.
 
   Warpgroup 2 streams each item's K and V tiles into k_stages and v_stages slots by TMA,
@@ -159,7 +160,7 @@ def _streams(item_at, item_loop, trips, src_ref, gathered, views, row_refs, k_re
   [B, T, Hq, D]: a half whose rows are 64 consecutive tokens of one head (the item's
   box_halves bit) comes from it in one strided box, every operand's part and the rows'
   segment and position then arriving on bars.box instead of bars.rows (_take_rows waits on
-  the one the item's bit names)."""
+  the one the item's bit names). group_heads: query heads per KV group (_half_plans)."""
   idx_smem, stage_smems, k_smem, v_smem = scoped.idx, scoped.stages, scoped.k, scoped.v
   bars = scoped.bars
   tile_frees = _tile_frees(bars)
@@ -229,9 +230,8 @@ def _streams(item_at, item_loop, trips, src_ref, gathered, views, row_refs, k_re
       _await_last_frees([bars.rows_free, *tile_frees])
       return
     pl.when(trips > 0)(lambda: fetch_ids(0))
-    heads = next(view.shape[2] for view, p in zip(views, presorted) if not p)
-    plans = _half_plans(heads // k_ref.shape[2])
-    arrivals = max(map(len, plans))
+    plans = _half_plans(group_heads)
+    arrivals = _half_arrivals(group_heads)
 
     def copy_plan(b, w, plan):
       """One half's row copies by `plan` (_half_plans), then the arrivals the longest plan has
@@ -414,7 +414,7 @@ def _split_steps(first, unmasked, n, step, carry):
 def _fwd_kernel(ids_ref, num_ref, blk_ref, steps_ref, unmasked_ref, box_ref, src_ref, seg_ref,
                 pos_ref, q_ref, k_ref, v_ref, kseg_ref, q_view, o_ref, lse_ref, *refs, sm_scale,
                 block_size, block_kv, k_stages, v_stages, num_groups, items_per_group, grid,
-                p_in_smem, presorted, overlap):
+                p_in_smem, presorted, group_heads, overlap):
   """Four warpgroups per CTA: two compute warpgroups (64 rows of an item each) and the two
   streams of _streams (K/V tiles; query rows). Each CTA runs items cta, cta + grid, ... of
   the used-item list, so the streams run on across items. The output leaves through the
@@ -427,7 +427,7 @@ def _fwd_kernel(ids_ref, num_ref, blk_ref, steps_ref, unmasked_ref, box_ref, src
       (ids_ref, num_ref, blk_ref, steps_ref, unmasked_ref, box_ref), src_ref, [q_ref], [q_view],
       [seg_ref, pos_ref], k_ref, v_ref, kseg_ref, scoped, grid=grid, num_groups=num_groups,
       items_per_group=items_per_group, block_size=block_size, block_kv=block_kv,
-      k_stages=k_stages, v_stages=v_stages, presorted=presorted)
+      k_stages=k_stages, v_stages=v_stages, presorted=presorted, group_heads=group_heads)
 
   @pl.when(wg < 2)
   def _consumer():
@@ -577,7 +577,7 @@ def _fwd_kernel(ids_ref, num_ref, blk_ref, steps_ref, unmasked_ref, box_ref, src
 def _dq_kernel(ids_ref, num_ref, blk_ref, steps_ref, unmasked_ref, box_ref, src_ref, seg_ref,
                pos_ref, lse_ref, delta_ref, q_ref, do_ref, k_ref, v_ref, kseg_ref, q_view, do_view,
                dq_ref, *refs, sm_scale, block_size, block_kv, k_stages, v_stages, num_groups,
-               items_per_group, grid, p_in_smem, presorted, overlap):
+               items_per_group, grid, p_in_smem, presorted, group_heads, overlap):
   """dq per sorted row, on the forward's structure: the streams gather q and dO rows; each
   compute warpgroup runs S = q K^T and dP = dO V^T, dS = P (dP - delta) with
   P = exp(S - lse), and dq += dS K (dS from registers), with pingpong taking turns on the
@@ -592,7 +592,8 @@ def _dq_kernel(ids_ref, num_ref, blk_ref, steps_ref, unmasked_ref, box_ref, src_
       (ids_ref, num_ref, blk_ref, steps_ref, unmasked_ref, box_ref), src_ref, [q_ref, do_ref],
       [q_view, do_view], [seg_ref, pos_ref], k_ref, v_ref, kseg_ref, scoped, grid=grid,
       num_groups=num_groups, items_per_group=items_per_group, block_size=block_size,
-      block_kv=block_kv, k_stages=k_stages, v_stages=v_stages, presorted=presorted)
+      block_kv=block_kv, k_stages=k_stages, v_stages=v_stages, presorted=presorted,
+      group_heads=group_heads)
 
   tile_frees = _tile_frees(bars)
 
@@ -737,7 +738,7 @@ def _stage_counts(stages) -> tuple[int, int]:
 
 
 def _launch(kernel, args, out_type, *, name, layout, segment_ids_BT, block_size, block_kv, stages,
-            presorted, d, dt, num_ctas, interpret, num_heads, group_heads, pingpong,
+            presorted, d, dt, num_ctas, interpret, num_heads, kv_heads, pingpong,
             row_out=False):
   """Runs a compute kernel with its streams: persistent CTAs over the used items, four
   warpgroups, the shared-memory buffers and barriers of _Scoped (stages: _stage_counts';
@@ -745,9 +746,10 @@ def _launch(kernel, args, out_type, *, name, layout, segment_ids_BT, block_size,
   or gathered row by row; args end with one view per such operand, [B, T, Hq, D] where it is
   gathered (for the halves box_halves marks), the operand itself, unused, where presorted;
   row_out: the kernel writes a per-row output; pingpong: the compute warpgroups take turns on
-  the tensor cores, _turns; group_heads: query heads per KV group, which sets the gathered
-  halves' copies, _half_plans)."""
+  the tensor cores, _turns; num_heads / kv_heads: query / KV heads, whose ratio, the query
+  heads per KV group, sets the gathered halves' copies, _half_plans)."""
   ks, vs = _stage_counts(stages)
+  group_heads = num_heads // kv_heads
   gathered = len(presorted)
   _, g, l = layout.row_src_BGL.shape
   ids, num, blk, steps, unmasked = persistent_items(layout, segment_ids_BT,
@@ -759,7 +761,8 @@ def _launch(kernel, args, out_type, *, name, layout, segment_ids_BT, block_size,
   kernel = functools.partial(kernel, sm_scale=1.0 / math.sqrt(d), block_size=block_size,
                              block_kv=block_kv, k_stages=ks, v_stages=vs, num_groups=g,
                              items_per_group=l // ITEM_ROWS, grid=num_ctas,
-                             p_in_smem=bool(interpret), presorted=presorted)
+                             p_in_smem=bool(interpret), presorted=presorted,
+                             group_heads=group_heads)
 
   def entry(*refs):
     scratch = _Scoped(
@@ -833,8 +836,7 @@ def moba_forward_rows(q_BSD, layout, k_BTKD, v_BTKD, segment_ids_BT, *, block_si
       name="moba_fwd_hopper", layout=layout, segment_ids_BT=segment_ids_BT,
       block_size=block_size, block_kv=bkv, stages=stages, presorted=(False,), d=d, dt=dt,
       row_out=True, num_ctas=num_ctas, interpret=interpret,
-      num_heads=q_BSD.shape[1] // k_BTKD.shape[1],
-      group_heads=q_BSD.shape[1] // k_BTKD.shape[1] // k_BTKD.shape[2], pingpong=pingpong)
+      num_heads=q_BSD.shape[1] // k_BTKD.shape[1], kv_heads=k_BTKD.shape[2], pingpong=pingpong)
 
 
 def moba_dq_rows(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_ids_BT, *,
@@ -896,7 +898,7 @@ def moba_dq_rows(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segmen
       block_size=block_size, block_kv=bkv, stages=stages,
       presorted=(presorted, presorted and not sorted_do), d=d, dt=dt, num_ctas=num_ctas,
       interpret=interpret, num_heads=lse_BS.shape[1] // k_BTKD.shape[1],
-      group_heads=lse_BS.shape[1] // k_BTKD.shape[1] // k_BTKD.shape[2], pingpong=pingpong)
+      kv_heads=k_BTKD.shape[2], pingpong=pingpong)
   return tuple(out) if sorted_do else out[0]
 
 
