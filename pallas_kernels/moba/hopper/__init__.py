@@ -44,8 +44,10 @@ no thread reads shared memory its warpgroup also writes, and the ordering they n
 explicit. Their named regions (jax.named_scope) are what hopper.profile_kernels records.
 
 The package: `common` (what the kernels share: tile constants, checks, the persistent launch,
-the turns and products on the tensor cores, sorted-row gathers), `rows` (the forward and dq
-on row items, with their streams), `dkv` (dk/dv on key-tile items, with its item plan).
+the turns and products on the tensor cores, sorted-row gathers), `streams` (the forward's
+and dq's item list and their two streaming warpgroups: K/V tiles, the items' query rows),
+`rows` (the forward and dq kernels on row items), `dkv` (dk/dv on key-tile items, with its
+item plan).
 
 bf16 only (wgmma's 16-bit path); float32 inputs stay on the Triton kernels. In interpret mode
 (CPU tests) P and dS go through shared memory, the one wgmma operand form the interpreter
@@ -56,8 +58,8 @@ from pallas_kernels.moba.hopper.common import (DKV_TILE, ITEM_ROWS, check_device
                                                check_supported, gather_rows, profile_kernels,
                                                sorted_rows)
 from pallas_kernels.moba.hopper.dkv import DkvItems, dkv_items, longest_first, moba_dkv
-from pallas_kernels.moba.hopper.rows import (box_halves, moba_dq_rows, moba_forward_rows,
-                                             persistent_items)
+from pallas_kernels.moba.hopper.rows import moba_dq_rows, moba_forward_rows
+from pallas_kernels.moba.hopper.streams import box_halves, persistent_items
 
 __all__ = ["DKV_TILE", "ITEM_ROWS", "DkvItems", "box_halves", "check_device", "check_supported",
            "dkv_items", "gather_rows", "longest_first", "moba_dkv", "moba_dq_rows",
