@@ -28,7 +28,10 @@ DENSE = ["--config.attention.implementation=reference", "--config.balance.dst=Fa
 def _train(workdir, *extra, **popen):
     cmd = [sys.executable, "-m", "experiments.train", "--config=configs/longbench.py:cpu",
            f"--config.train.workdir={workdir}", *TINY, *extra]
-    env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu")
+    # One persistent compilation cache for a test's runs: the rerun and the resumed run load
+    # the first run's executables instead of compiling them again (about a third of the time).
+    env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu",
+               JAX_COMPILATION_CACHE_DIR=str(workdir.parent / "jax_cache"))
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True, **popen)
 
