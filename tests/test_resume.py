@@ -70,9 +70,9 @@ def test_kill_and_resume_matches_uninterrupted(tmp_path, attention):
 @pytest.mark.slow
 def test_diverging_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
     # Adam's step is ~lr whatever the gradient, so lr=1e30 wrecks the weights at step 1.
-    proc = _train(tmp_path, *DENSE, "--config.optimizer.learning_rate=1e30",
+    proc = _train(tmp_path / "run", *DENSE, "--config.optimizer.learning_rate=1e30",
                   "--config.optimizer.warmup_steps=0", "--config.train.checkpoint_every=1")
     _, err = proc.communicate(timeout=600)
     assert proc.returncode != 0
     assert "TrainingDivergedError" in err and "at step 2; stopping" in err, err[-2000:]
-    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["1"]
+    assert sorted(os.listdir(tmp_path / "run" / "checkpoints")) == ["1"]
