@@ -78,10 +78,10 @@ def _trips(num, grid):
   return jnp.maximum(num - lax.axis_index("cta") + grid - 1, 0) // grid
 
 
-def _consumer_setup(frees):
-  """A compute warpgroup's start: its registers, and every buffer of `frees` (the barriers
-  the compute warpgroups arrive on once they are done with a buffer) freed once."""
-  plgpu.set_max_registers(232, action="increase")
+def _consumer_setup(frees, registers: int = 232):
+  """A compute warpgroup's start: its registers per thread, and every buffer of `frees` (the
+  barriers the compute warpgroups arrive on once they are done with a buffer) freed once."""
+  plgpu.set_max_registers(registers, action="increase")
   for free in frees:
     plgpu.barrier_arrive(free)
 

@@ -48,6 +48,12 @@ def _dkv_kernel(tile_ref, part_ref, num_ref, first_ref, end_ref, whole_ref, seg_
   wg = lax.axis_index("wg")
   cta = lax.axis_index("cta")
   trips = _trips(num_ref[0], grid)
+  # Registers per thread (producer, compute; the CTA's pool is 168 x 384). Below head_dim 128
+  # the producer keeps 24 and the compute warpgroups take 240 (ptxas' spills 68 -> 8 bytes,
+  # dk/dv 1% faster at 14/2 x 64 on the H200); at 128 that split was 3.3% slower (the
+  # producer's q and dO copies then share one set of uniform registers), so there they keep
+  # 40 and 232 (BENCHMARKS.md).
+  producer_regs, compute_regs = (40, 232) if k_smem.shape[-1] >= 128 else (24, 240)
 
   def item_at(s):
     i = cta + s * grid
@@ -58,7 +64,7 @@ def _dkv_kernel(tile_ref, part_ref, num_ref, first_ref, end_ref, whole_ref, seg_
 
   @pl.when(wg == 2)
   def _producer():
-    plgpu.set_max_registers(40, action="decrease")
+    plgpu.set_max_registers(producer_regs, action="decrease")
 
     def item_body(s, cstep):
       b, g, n, first, end = item_at(s)
@@ -87,7 +93,7 @@ def _dkv_kernel(tile_ref, part_ref, num_ref, first_ref, end_ref, whole_ref, seg_
 
   @pl.when(wg < 2)
   def _consumer():
-    _consumer_setup(frees)
+    _consumer_setup(frees, compute_regs)
     wait_turn, end_turn, finish = _turns(turn)
     shape = (_ROWS, chunk)  # (this warpgroup's keys, a chunk's rows)
     d = k_smem.shape[-1]
