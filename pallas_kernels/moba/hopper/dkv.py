@@ -53,7 +53,8 @@ def _dkv_kernel(tile_ref, part_ref, num_ref, first_ref, end_ref, whole_ref, seg_
   # dk/dv 1% faster at 14/2 x 64 on the H200); at 128 that split was 3.3% slower (the
   # producer's q and dO copies then share one set of uniform registers), so there they keep
   # 40 and 232 (BENCHMARKS.md).
-  producer_regs, compute_regs = (40, 232) if k_smem.shape[-1] >= 128 else (24, 240)
+  d = k_smem.shape[-1]
+  producer_regs, compute_regs = (40, 232) if d >= 128 else (24, 240)
 
   def item_at(s):
     i = cta + s * grid
@@ -96,7 +97,6 @@ def _dkv_kernel(tile_ref, part_ref, num_ref, first_ref, end_ref, whole_ref, seg_
     _consumer_setup(frees, compute_regs)
     wait_turn, end_turn, finish = _turns(turn)
     shape = (_ROWS, chunk)  # (this warpgroup's keys, a chunk's rows)
-    d = k_smem.shape[-1]
     mine = pl.ds(wg * _ROWS, _ROWS)
     wg_p = p_smem.at[wg] if p_in_smem else None
     col_layout = plgpu.Layout.WGMMA.reduce(0)
