@@ -38,6 +38,15 @@ def kernel_args(hq, hkv, block_size, d=64):
   return flat(q), flat(do), flat(lse), flat(delta), layout, k, v, seg
 
 
+def split_items(layout, seg, block_size, block_kv):
+  """How many used work items have halves of unequal key steps (persistent_items): the
+  shorter half stops early where its warpgroup has no ping-pong partner to keep turns with."""
+  ids, num, _, steps, _ = hopper.persistent_items(layout, seg, block_size=block_size,
+                                                  block_kv=block_kv)
+  steps = np.asarray(steps)[np.asarray(ids)[:int(num[0])]]
+  return int((steps[:, 0] != steps[:, 1]).sum())
+
+
 def boxed_halves(layout, seg, hq, block_size):
   """How many halves of the used work items box_halves marks."""
   ids, num, *_ = hopper.persistent_items(layout, seg, block_size=block_size,
@@ -127,9 +136,10 @@ def assert_outputs_close(got_o, want_o, rows, args, *, block_size, bs):
                           f"rounding allows; worst {np.max(np.abs(got - want) - bound):.3g} over")
 
 
-@pytest.mark.parametrize("hq, hkv, block_size, overlap, pingpong", [
-    (3, 1, 128, True, False), (4, 4, 64, False, True), (2, 2, 256, False, False)])
-def test_rows_match_triton_forward(hq, hkv, block_size, overlap, pingpong):
+@pytest.mark.parametrize("hq, hkv, block_size, overlap, pingpong, block_kv", [
+    (3, 1, 128, True, False, 64), (4, 4, 64, False, True, 64), (2, 2, 256, False, False, 64),
+    (2, 1, 256, False, False, 128)])
+def test_rows_match_triton_forward(hq, hkv, block_size, overlap, pingpong, block_kv):
   """Partial outputs and lse of every row a used chunk holds: the same function as the
   Triton kernel's with the same key tiles (so the same bf16 roundings of P), on fresh inputs
   with packed documents and ragged budgets. Three persistent CTAs, each running several work
@@ -137,14 +147,18 @@ def test_rows_match_triton_forward(hq, hkv, block_size, overlap, pingpong):
   The gathered q rows the kernel stores for the backward (sorted_q) are those XLA's gather
   puts in sorted order, on every real row of every used item (padding rows: finite). Both
   schedules of the tensor-core turns (overlap), with and without ping-pong between the
-  compute warpgroups (pingpong); the interpreter's race detector watches. With
+  compute warpgroups (pingpong); 64- and 128-key tiles. Without ping-pong an item's half
+  whose queries end a key tile before the other's stops there (64-key tiles: in some items
+  of every run). The interpreter's race detector watches. With
   one query head per KV group some halves come as one box (box_halves), the rest row by row;
   with three a token's rows come as one box and the rows of the tokens a half cuts one by one
   (_half_plans: 64 is no multiple of 3, so halves start and end inside tokens)."""
   q_BSD, _, _, _, layout, k, v, seg = kernel_args(hq, hkv, block_size)
   args = (q_BSD, layout, k, v, seg)
   assert (boxed_halves(layout, seg, hq, block_size) > 0) == (hq == hkv)
-  tiles = dataclasses.replace(HOPPER, block_k=min(128, block_size))
+  if block_kv == 64 and block_size > 64:
+    assert split_items(layout, seg, block_size, block_kv) > 0
+  tiles = dataclasses.replace(HOPPER, block_k=block_kv)
   want_o, want_lse = kernels.moba_forward_rows(*args, block_size=block_size, bs=tiles,
                                                interpret=True)
   from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks
@@ -192,7 +206,7 @@ def test_gather_rows_match_xla_gather():
         (2, 1, 256, True, True, True, True, None, 3),
         (2, 2, 128, False, True, False, True, None, 3),
         (2, 2, 256, True, True, False, False, 64, 3),
-        (1, 1, 128, True, True, True, False, None, 40)])
+        (1, 1, 128, True, True, True, False, 64, 40)])
 def test_dq_rows_match_triton_dq(hq, hkv, block_size, presorted, sorted_do, overlap, pingpong,
                                  block_kv, num_ctas):
   """Partial dq of every row a used chunk holds equals the Triton dq kernel's (64-key tiles;
@@ -201,7 +215,9 @@ def test_dq_rows_match_triton_dq(hq, hkv, block_size, presorted, sorted_do, over
   row-gather kernel beforehand, or q's beforehand and dO's by the kernel, which then also
   returns them in sorted order (sorted_do); both schedules of the tensor-core turns
   (overlap), with and without ping-pong (pingpong); 64-key K/V tiles and the default at this
-  head_dim (128); the interpreter's race detector watches the run. Gathered with one query
+  head_dim (128); without ping-pong (half_steps) an item's half whose queries end a key tile
+  before the other's stops there (64-key tiles: in some items of every run); the
+  interpreter's race detector watches the run. Gathered with one query
   head per KV group, some halves come as one box (box_halves); with more, each whole token's
   rows come as one box (_half_plans; three heads: halves cut tokens). Presorted q comes into
   tiles of two item parities, freed per item: the last case has more CTAs than items, so some
@@ -212,10 +228,12 @@ def test_dq_rows_match_triton_dq(hq, hkv, block_size, presorted, sorted_do, over
   layout = args[4]
   if not presorted or sorted_do:
     assert (boxed_halves(layout, args[7], hq, block_size) > 0) == (hq == hkv)
+  if block_kv == 64 and not pingpong:
+    assert split_items(layout, args[7], block_size, block_kv) > 0
   want = kernels.moba_dq_rows(*args, block_size=block_size, bs=HOPPER, interpret=True)
   got = hopper.moba_dq_rows(*args, block_size=block_size, bs=HOPPER, num_ctas=num_ctas,
                             presorted=presorted, sorted_do=sorted_do, overlap=overlap,
-                            pingpong=pingpong, block_kv=block_kv,
+                            pingpong=pingpong, block_kv=block_kv, half_steps=not pingpong,
                             interpret=plgpu.InterpretGPUParams(detect_races=True))
   jax.block_until_ready(got)
   assert not gpu_callbacks.get_races().races_found
@@ -469,6 +487,17 @@ def test_compiled_kernels_off_hopper_are_an_error():
   with pytest.raises(ValueError, match="Hopper"):
     moba_attention(q, k, v, jnp.ones((1, 256), jnp.int32), jnp.asarray([2]), block_size=128,
                    k_max=2, block_sizes=HOPPER, backend="mosaic", interpret=False)
+
+
+def test_half_steps_under_pingpong_is_an_error():
+  """Under ping-pong both compute warpgroups take every turn of an item."""
+  q_BSD, do_BSD, lse, delta, layout, k, v, seg = kernel_args(2, 2, 128)
+  with pytest.raises(ValueError, match="half_steps"):
+    hopper.moba_forward_rows(q_BSD, layout, k, v, seg, block_size=128, bs=HOPPER,
+                             interpret=True, pingpong=True, half_steps=True)
+  with pytest.raises(ValueError, match="half_steps"):
+    hopper.moba_dq_rows(q_BSD, do_BSD, lse, delta, layout, k, v, seg, block_size=128,
+                        bs=HOPPER, interpret=True, pingpong=True, half_steps=True)
 
 
 @pytest.mark.parametrize("stages", [1, (3, 1), (1, 2)])

@@ -450,16 +450,22 @@ def _merge_kernel(ok_ref, cnt_ref, entry_ref, part_ref, lse_ref, out_ref, *lse_o
 
 
 def merge_partials(part_BGLD, lse_BGL, entry_row_BGTK, count_BTG, ok_B, *, group_size: int,
-                   interpret: bool, block_tokens: int = 64):
+                   interpret: bool, block_tokens: int = 16, num_warps: int = 2,
+                   num_stages: int = 3):
   """Each (token, query head)'s partial results, combined: [B, T, Hq, D] in part's dtype, and
   with lse_BGL (the forward) the merged natural-log lse [B, T, Hq] float32; with lse_BGL None
   (dq) their sum. A token's used slots are the prefix of count_BTG slots; the slot's rows
   are entry_row_BGTK + head. Only used slots are read, so the cost follows the budget, not
   k_max: on the H200 at top-3 (S=32K, 16 x 128) both merges took 0.383 ms under k_max 3 and
-  16, where XLA's gather of every slot before masking took 0.279 and 0.620 ms
-  (attention._SLOT_MERGE_MIN_K_MAX picks between them). ok_B (forward; None: all
+  16 (64-token tiles, 4 warps), where XLA's gather of every slot before masking took 0.279 and
+  0.620 ms (attention._SLOT_MERGE_MIN_K_MAX picks between them). ok_B (forward; None: all
   rows): rows whose budget is out of range get NaN outputs. Padding tokens (count 0): 0 and
-  lse 0."""
+  lse 0. block_tokens, num_warps, num_stages: a program's tokens (of one query head), its
+  warps, and its slot loop's software-pipeline depth. The defaults were the fastest or near it
+  of eight configurations on the H200 (experiments/merge_tiles.py, budget = k_max): 14/2 x 64,
+  block 256, k = 8: forward 0.251 -> 0.199 ms, dq 0.157 -> 0.139 against 64 tokens and 4 warps;
+  k = 16: 0.473 -> 0.369, 0.281 -> 0.245; 16/16 x 128, block 512, k = 16: 0.734 -> 0.733,
+  0.785 -> 0.518 (BENCHMARKS.md); the depth made no difference there."""
   b, g, l, d = part_BGLD.shape
   t, kmax = entry_row_BGTK.shape[2:]
   hq = g * group_size
@@ -497,7 +503,7 @@ def merge_partials(part_BGLD, lse_BGL, entry_row_BGTK, count_BTG, ok_B, *, group
       in_specs=in_specs,
       out_specs=out_specs,
       out_shape=out_shape,
-      compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=1),
+      compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages),
       interpret=interpret,
       name="moba_merge" if forward else "moba_merge_dq",
   )(*operands)

@@ -37,7 +37,9 @@ def _dkv_kernel(tile_ref, part_ref, num_ref, first_ref, end_ref, whole_ref, seg_
   (`stages` slots: q, dO and the rows' lse, delta, segment and position). dK and dV leave
   through the warpgroup's half of the K/V buffer. Persistent: CTA c runs items c, c + grid, ...
   below num_ref[0] (ordered by decreasing work outside, dkv_items). An item is a key tile
-  (tile_ref, flat over [B, G, tiles]) over the chunks [first_ref, end_ref) of its block's run:
+  (tile_ref, flat over [B, G, tiles]) over the chunks [first_ref[., 0], end_ref) of its
+  block's run (without ping-pong, compute warpgroup w computes those from first_ref[., w]:
+  the own-block rows before its keys lead the run):
   the whole run, written to dk/dv, or (with `split`) one part of a long run (part_ref >= 0),
   whose dK and dV leave as bf16 hi/lo pairs (x = hi + lo to ~2^-17) in that slot of
   dk_hi/dk_lo/dv_hi/dv_lo for the caller to sum. A chunk skips the mask for the key tiles it
@@ -61,7 +63,13 @@ def _dkv_kernel(tile_ref, part_ref, num_ref, first_ref, end_ref, whole_ref, seg_
     flat = tile_ref[i]
     bg = lax.div(flat, tiles_per_row)
     return (lax.div(bg, num_groups), lax.rem(bg, num_groups), lax.rem(flat, tiles_per_row),
-            first_ref[i], end_ref[i])
+            first_ref[i, 0], end_ref[i])
+
+  def own_first(s, first):
+    """The first chunk step this compute warpgroup computes of item s: its half's (the steps
+    before hold only own-block rows before its 64 keys, all masked), or with ping-pong, as
+    both take equally many turns, the item's."""
+    return first if turn is not None else first_ref[cta + s * grid, wg]
 
   @pl.when(wg == 2)
   def _producer():
@@ -151,7 +159,18 @@ def _dkv_kernel(tile_ref, part_ref, num_ref, first_ref, end_ref, whole_ref, seg_
         return dk, dv, cstep + 1
 
       zeros = plgpu.layout_cast(jnp.zeros((_ROWS, d), jnp.float32), plgpu.Layout.WGMMA)
-      dk, dv, cstep = lax.fori_loop(first, end, chunk_body, (zeros, zeros, cstep))
+      def pass_chunk(_, cstep):
+        """A chunk step of the item this warpgroup's keys need not: waited for (its view of
+        the barrier's phase) and freed unread."""
+        slot = lax.rem(cstep, stages)
+        with jax.named_scope("wait_chunk"):
+          plgpu.barrier_wait(chunk_bar.at[slot])
+        plgpu.barrier_arrive(chunk_free.at[slot])
+        return cstep + 1
+
+      start = own_first(s, first)
+      cstep = lax.fori_loop(first, start, pass_chunk, cstep)
+      dk, dv, cstep = lax.fori_loop(start, end, chunk_body, (zeros, zeros, cstep))
       dk = dk * sm_scale
       with jax.named_scope("epilogue"):
         # This warpgroup's half of the buffer is no longer read: dK and dV leave through it.
@@ -326,16 +345,22 @@ def moba_dkv(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_id
   per = chunk // _ROWS  # the layout's 64-row chunks per chunk step
   gh = s // t // g
   # Chunks of the tile's block, less those holding only own-block rows before the tile (in
-  # whole chunk steps: a step's rows before the tile are masked out). Runs are padded to
-  # ITEM_ROWS rows, so every run is whole chunk steps.
-  skip_B1n = keys_before_tile(segment_ids_BT, block_size=block_size, tile=DKV_TILE)[:, None]
+  # whole chunk steps: a step's rows before the tile are masked out), and per 64-key half
+  # (a compute warpgroup's keys) less those before the half. Runs are padded to ITEM_ROWS
+  # rows, so every run is whole chunk steps.
+  skip_B1nW = keys_before_tile(segment_ids_BT, block_size=block_size, tile=_ROWS).reshape(
+      b, 1, -1, DKV_TILE // _ROWS)
   chunks_BGn2 = jnp.repeat(layout.block_chunks_BGN2, block_size // DKV_TILE, axis=2)
-  first = ((chunks_BGn2[..., 0] * _ROWS + skip_B1n * gh) // chunk).reshape(-1).astype(jnp.int32)
+  first_BGnW = (chunks_BGn2[..., :1] * _ROWS + skip_B1nW * gh) // chunk
+  first = first_BGnW[..., 0].reshape(-1).astype(jnp.int32)
   end = (chunks_BGn2[..., 1] // per).reshape(-1).astype(jnp.int32)
   num_ctas = _grid(num_ctas, interpret)
   split = bs.fit(block_size, d).split_dkv_runs
   items = dkv_items(first, end, num_ctas, split=split,
                     min_chunks=max(1, _DKV_MIN_SPLIT_CHUNKS // per))
+  # Per item, each half's first chunk step (a part of a split run starts where it starts).
+  halves_first = first_BGnW.reshape(-1, DKV_TILE // _ROWS)[items.tile_I]
+  first_IW = jnp.clip(halves_first, items.first_I[:, None], items.end_I[:, None])
   num_parts = items.part_tile_P.shape[0]
   dt = q_rows.dtype
   transforms = _smem_transforms(dt)
@@ -371,7 +396,7 @@ def moba_dkv(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_id
                                     segment_ids_BT, num_blocks=t // block_size, block_rows=chunk,
                                     tile=DKV_TILE)
   dk, dv, dk_hi, dk_lo, dv_hi, dv_lo = call(
-      items.tile_I, items.part_I, items.num_1, items.first_I, items.end_I, whole,
+      items.tile_I, items.part_I, items.num_1, first_IW.astype(jnp.int32), items.end_I, whole,
       layout.row_seg_BGL, layout.row_pos_BGL, sorted_rows(lse_BS * _LOG2E, layout),
       sorted_rows(delta_BS, layout), q_rows, do_rows.astype(dt),
       k_BTKD, v_BTKD, segment_ids_BT.astype(jnp.int32))

@@ -50,10 +50,40 @@ def _split_steps(first, unmasked, n, step, carry):
   return lax.fori_loop(split, n, functools.partial(step, masked=True), carry)
 
 
+def _own_steps(n, halves, half_steps: bool):
+  """The key steps this compute warpgroup runs of an item with n: with half_steps its half's
+  (persistent_items: an own-block half whose queries end before the item's last key tile
+  stops before it), else all n."""
+  return jnp.where(lax.axis_index("wg") == 0, *halves) if half_steps else n
+
+
+def _check_half_steps(half_steps: bool, pingpong: bool):
+  if half_steps and pingpong:
+    raise ValueError("half_steps=True needs pingpong=False: under ping-pong both compute "
+                     "warpgroups take every turn of an item")
+
+
+def _pass_steps(bars, first, n, gstep, k_stages, v_stages):
+  """Key steps first..n-1 of an item that this compute warpgroup's rows do not reach (the
+  other half's, half_steps): each K and V slot waited for and freed unread, as the K/V stream
+  expects of both compute warpgroups (the wait also keeps this warpgroup's view of each
+  barrier's phase). Returns the global step count after them."""
+  def step(_, gstep):
+    kslot, vslot = lax.rem(gstep, k_stages), lax.rem(gstep, v_stages)
+    with jax.named_scope("wait_kv"):
+      plgpu.barrier_wait(bars.k.at[kslot])
+      plgpu.barrier_wait(bars.v.at[vslot])
+    plgpu.barrier_arrive(bars.k_free.at[kslot])
+    plgpu.barrier_arrive(bars.v_free.at[vslot])
+    return gstep + 1
+
+  return lax.fori_loop(first, n, step, gstep)
+
+
 def _fwd_kernel(ids_ref, num_ref, blk_ref, steps_ref, unmasked_ref, box_ref, src_ref, seg_ref,
                 pos_ref, q_ref, k_ref, v_ref, kseg_ref, q_view, o_ref, lse_ref, *refs, sm_scale,
                 block_size, block_kv, k_stages, v_stages, num_groups, items_per_group, grid,
-                p_in_smem, presorted, group_heads, overlap):
+                p_in_smem, presorted, group_heads, overlap, half_steps):
   """Four warpgroups per CTA: two compute warpgroups (64 rows of an item each) and the two
   streams of _streams (K/V tiles; query rows). Each CTA runs items cta, cta + grid, ... of
   the used-item list, so the streams run on across items. The output leaves through the
@@ -81,7 +111,8 @@ def _fwd_kernel(ids_ref, num_ref, blk_ref, steps_ref, unmasked_ref, box_ref, src
     scale = sm_scale * _LOG2E
 
     def item_body(s, item, gstep):
-      b, g, i, j, n, unmasked, box = item
+      b, g, i, j, n_item, halves, unmasked, box = item
+      n = _own_steps(n_item, halves, half_steps)
       rows = _half_rows(i, wg)
       keep = _masker(*_take_rows(scoped, shape, box), scoped.kseg)
       if qs_ref is not None:
@@ -206,6 +237,8 @@ def _fwd_kernel(ids_ref, num_ref, blk_ref, steps_ref, unmasked_ref, box_ref, src
         plgpu.commit_smem()
         plgpu.copy_smem_to_gmem(q_tile, o_ref.at[b, g, rows])
         plgpu.copy_smem_to_gmem(scoped.row_out.at[wg], lse_ref.at[b, g, rows])
+      if half_steps:  # after the output's store: these wait on the other half's last steps
+        gstep = _pass_steps(bars, n, n_item, gstep, k_stages, v_stages)
       return gstep
 
     item_loop(trips, item_body, jnp.int32(0))
@@ -216,7 +249,7 @@ def _fwd_kernel(ids_ref, num_ref, blk_ref, steps_ref, unmasked_ref, box_ref, src
 def _dq_kernel(ids_ref, num_ref, blk_ref, steps_ref, unmasked_ref, box_ref, src_ref, seg_ref,
                pos_ref, lse_ref, delta_ref, q_ref, do_ref, k_ref, v_ref, kseg_ref, q_view, do_view,
                dq_ref, *refs, sm_scale, block_size, block_kv, k_stages, v_stages, num_groups,
-               items_per_group, grid, p_in_smem, presorted, group_heads, overlap):
+               items_per_group, grid, p_in_smem, presorted, group_heads, overlap, half_steps):
   """dq per sorted row, on the forward's structure: the streams gather q and dO rows; each
   compute warpgroup runs S = q K^T and dP = dO V^T, dS = P (dP - delta) with
   P = exp(S - lse), and dq += dS K (dS from registers), with pingpong taking turns on the
@@ -249,7 +282,8 @@ def _dq_kernel(ids_ref, num_ref, blk_ref, steps_ref, unmasked_ref, box_ref, src_
     early_stores = int(dos_ref is not None)
 
     def item_body(s, item, carry):
-      b, g, i, j, n, unmasked, box = item
+      b, g, i, j, n_item, halves, unmasked, box = item
+      n = _own_steps(n_item, halves, half_steps)
       rows = _half_rows(i, wg)
       q_tile, do_tile = (_item_tile(scoped, m, s) for m in range(2))
       # Global loads, issued before the wait for the item's rows.
@@ -359,6 +393,8 @@ def _dq_kernel(ids_ref, num_ref, blk_ref, steps_ref, unmasked_ref, box_ref, src_
         q_tile[...] = (acc * sm_scale).astype(dt)
         plgpu.commit_smem()
         plgpu.copy_smem_to_gmem(q_tile, dq_ref.at[b, g, rows])
+      if half_steps:  # after dq's store: these wait on the other half's last steps
+        gstep = _pass_steps(bars, n, n_item, gstep, k_stages, v_stages)
       return gstep
 
     item_loop(trips, item_body, jnp.int32(0))
@@ -440,7 +476,8 @@ def moba_forward_rows(q_BSD, layout, k_BTKD, v_BTKD, segment_ids_BT, *, block_si
                       bs: MobaBlockSizes, interpret: bool | plgpu.InterpretGPUParams,
                       block_kv: int = 128, stages: int | tuple[int, int] = 2,
                       num_ctas: int | None = None, sorted_q: bool = False,
-                      overlap: bool = False, pingpong: bool | None = None):
+                      overlap: bool = False, pingpong: bool | None = None,
+                      half_steps: bool | None = None):
   """Partial output [B, G, L, D] (q dtype) and natural-log lse [B, G, L] per sorted row, as
   kernels.moba_forward_rows, on a layout padded with pad_rows=ITEM_ROWS; q_BSD is q reshaped
   to [B, T * Hq, D]; interpret as in _interpret_params. sorted_q: also return q's rows in
@@ -459,15 +496,21 @@ def moba_forward_rows(q_BSD, layout, k_BTKD, v_BTKD, segment_ids_BT, *, block_si
   two compute warpgroups take strict turns on the tensor cores (_turns), else each issues its
   products as soon as they are ready (a "turn" is then one issue). None: by head_dim, as
   measured on the H200 (BENCHMARKS.md, traced step at top-3): off at 128 (0.791 ms against
-  0.827 with it at 16/16 heads), on below (0.545 against 0.554 without it at 14/2 x 64)."""
+  0.827 with it at 16/16 heads), on below (0.545 against 0.554 without it at 14/2 x 64).
+  half_steps: each compute warpgroup runs only the key steps its own 64 rows reach (an
+  own-block half whose queries end a key tile before the other half's stops there), passing
+  the rest's K/V slots on unread; needs pingpong off. None: whenever pingpong is off (H200,
+  16/16 x 128, top-3: 0.770 -> 0.765 ms, BENCHMARKS.md)."""
   b, _, d = q_BSD.shape
   _, g, l = layout.row_src_BGL.shape
   _check_operands(q_BSD.dtype, d, bs)
   pingpong = d < 128 if pingpong is None else pingpong
+  half_steps = not pingpong if half_steps is None else half_steps
+  _check_half_steps(half_steps, pingpong)
   bkv = _check_layout(layout, block_size, block_kv)
   dt = q_BSD.dtype
   return _launch(
-      functools.partial(_fwd_kernel, overlap=overlap),
+      functools.partial(_fwd_kernel, overlap=overlap, half_steps=half_steps),
       (layout.row_src_BGL, layout.row_seg_BGL, layout.row_pos_BGL, q_BSD, k_BTKD, v_BTKD,
        segment_ids_BT.astype(jnp.int32), _heads_view(q_BSD, k_BTKD)),
       [jax.ShapeDtypeStruct((b, g, l, d), dt), jax.ShapeDtypeStruct((b, g, l), jnp.float32)]
@@ -483,7 +526,7 @@ def moba_dq_rows(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segmen
                  block_kv: int | None = None, stages: int | tuple[int, int] = (3, 2),
                  num_ctas: int | None = None, presorted: bool = True, q_rows=None, do_rows=None,
                  sorted_do: bool = False, overlap: bool | None = None,
-                 pingpong: bool | None = None):
+                 pingpong: bool | None = None, half_steps: bool | None = None):
   """Partial dq [B, G, L, D] (q dtype) per sorted row, as kernels.moba_dq_rows, on a layout
   padded with pad_rows=ITEM_ROWS. lse and delta are read per sorted row (gathered here, a
   few bytes per row); q and dO too with presorted (in sorted order, gather_rows, the same
@@ -507,7 +550,10 @@ def moba_dq_rows(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segmen
   top-3, no ping-pong): on at 128 (0.969 ms against 0.987 without it at 16/16 heads), off
   below (0.617 against 0.644 with it at 14/2 x 64). pingpong: as moba_forward_rows'; None:
   off (at both head_dims the faster: 0.969 against 0.981 ms with it at 16/16 heads, 0.644 against
-  0.670 at 14/2 x 64, both with overlap)."""
+  0.670 at 14/2 x 64, both with overlap). half_steps: as moba_forward_rows'; None: on at
+  head_dim 128 without ping-pong (16/16 x 128, top-3, 64-key tiles: 0.963 -> 0.950 ms), off
+  below (14/2 x 64, block 256, top-8, 128-key tiles, where halves rarely differ: 0.849 ->
+  0.865 with it; BENCHMARKS.md)."""
   b, g, l = layout.row_src_BGL.shape
   if (q_rows is not None or do_rows is not None) and not presorted:
     raise ValueError("q_rows / do_rows (rows in sorted order) need presorted=True")
@@ -525,8 +571,10 @@ def moba_dq_rows(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segmen
   _check_operands(dt, d, bs)
   overlap = d >= 128 if overlap is None else overlap
   pingpong = bool(pingpong)
+  half_steps = d >= 128 and not pingpong if half_steps is None else half_steps
+  _check_half_steps(half_steps, pingpong)
   out = _launch(
-      functools.partial(_dq_kernel, overlap=overlap),
+      functools.partial(_dq_kernel, overlap=overlap, half_steps=half_steps),
       (layout.row_src_BGL, layout.row_seg_BGL, layout.row_pos_BGL, sorted_rows(lse_BS, layout),
        sorted_rows(delta_BS, layout), q, do, k_BTKD, v_BTKD,
        segment_ids_BT.astype(jnp.int32),

@@ -28,16 +28,18 @@ def persistent_items(layout, segment_ids_BT, *, block_size: int, block_kv: int):
   sorted rows (the layout padded with pad_rows=ITEM_ROWS, so each reads one block).
 
   Returns int32 arrays: the used items' flat ids (b * G + g) * I + i, used ones first, and
-  their count [1]; per flat id its block, its key steps (own-block items stop after their
-  last query's tile) and how many of them come first unmasked (every (row, key) pair
-  attended; gating.attended_key_tiles, padding rows ignored: their outputs are never read)."""
+  their count [1]; per flat id its block, the key steps of each of its two halves ([., 2]:
+  an own-block half stops after its last query's tile, a half of padding rows only takes one;
+  the item streams the longer half's) and how many of them come first unmasked (every (row,
+  key) pair attended; gating.attended_key_tiles, padding rows ignored: their outputs are
+  never read)."""
   b, g, l = layout.row_pos_BGL.shape
   items = l // ITEM_ROWS
   per_item = layout.chunk_block_BGC.shape[-1] // items
   blk_BGI = layout.chunk_block_BGC.reshape(b, g, items, per_item)[..., 0]
   blk = blk_BGI.reshape(-1)
-  pos = jnp.where(layout.row_seg_BGL != 0, layout.row_pos_BGL, 0).reshape(-1, ITEM_ROWS)
-  last = pos.max(-1) - jnp.maximum(blk, 0) * block_size
+  pos = jnp.where(layout.row_seg_BGL != 0, layout.row_pos_BGL, 0).reshape(-1, 2, _ROWS)
+  last = pos.max(-1) - jnp.maximum(blk, 0)[:, None] * block_size
   steps = jnp.clip(last // block_kv + 1, 1, block_size // block_kv).astype(jnp.int32)
   unmasked = gating.attended_key_tiles(
       blk_BGI, layout.row_seg_BGL, layout.row_pos_BGL, segment_ids_BT,
@@ -106,19 +108,21 @@ def _half_arrivals(group_heads: int) -> int:
 
 def _item_reader(ids_ref, blk_ref, steps_ref, unmasked_ref, box_ref, *, grid, num_groups,
                  items_per_group):
-  """Returns item_at(s): (b, g, i, block, key steps, unmasked steps, box halves) of this
-  CTA's s-th item (cta + s * grid), and item_loop(trips, body, init): the loop over the CTA's
-  items, carry = body(s, item_at(s), carry), with each item's fields loaded one item ahead and
-  its id two ahead, so that these global loads (a dependent pair) wait behind an item's work
-  instead of in front of the next one."""
+  """Returns item_at(s): (b, g, i, block, key steps, (key steps of half 0, of half 1),
+  unmasked steps, box halves) of this CTA's s-th item (cta + s * grid; persistent_items' fields,
+  the item's key steps the longer half's), and item_loop(trips, body, init): the loop over the
+  CTA's items, carry = body(s, item_at(s), carry), with each item's fields loaded one item ahead
+  and its id two ahead, so that these global loads (a dependent pair) wait behind an item's
+  work instead of in front of the next one."""
   cta = lax.axis_index("cta")
   flat_at = lambda s: ids_ref[jnp.minimum(cta + s * grid, ids_ref.shape[0] - 1)]
 
   def fields(flat):
     i = lax.rem(flat, items_per_group)
     bg = lax.div(flat, items_per_group)
+    halves = (steps_ref[flat, 0], steps_ref[flat, 1])
     return (lax.div(bg, num_groups), lax.rem(bg, num_groups), i, blk_ref[flat],
-            steps_ref[flat], unmasked_ref[flat], box_ref[flat])
+            jnp.maximum(*halves), halves, unmasked_ref[flat], box_ref[flat])
 
   def item_loop(trips, body, init):
     def step(s, carry):
@@ -176,7 +180,7 @@ def _streams(item_at, item_loop, trips, src_ref, gathered, views, row_refs, k_re
     plgpu.set_max_registers(24, action="decrease")
 
     def item_body(s, item, gstep):
-      b, g, _, j, n, _, _ = item
+      b, g, _, j, n, *_ = item
 
       def step_body(step, gstep):
         kslot, vslot = lax.rem(gstep, k_stages), lax.rem(gstep, v_stages)
@@ -269,7 +273,7 @@ def _streams(item_at, item_loop, trips, src_ref, gathered, views, row_refs, k_re
 
     @pl.loop(0, trips)
     def _item(s):
-      b, g, i, _, _, _, box = item_at(s)
+      b, g, i, *_, box = item_at(s)
       with jax.named_scope("wait_rows_free"):
         plgpu.barrier_wait(bars.idx)
       wait_frees(s)
