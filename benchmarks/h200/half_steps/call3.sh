@@ -2,15 +2,15 @@
 # Device call 3 (2026-12-02, fifteenth session): the working tree - half steps (forward and
 # dk/dv wherever ping-pong is off, dq at head_dim 128) and the slot merge kernel's new tiles
 # (16 tokens, 2 warps, after call 2) - against 6890eac's kernels (ab_base), in the traced
-# step at two points where the merge kernel runs (k_max >= 8): 14/2 x 64, block 256, top-8,
-# and 16/16 x 128, block 512, top-16 (one round each); then the working tree beside cuDNN at
+# step where the merge kernel runs (k_max >= 8) at 14/2 x 64, block 256, top-8 (one round);
+# then the working tree beside cuDNN at
 # 14/2 x 64, block 256, k = 8 and 16 (the session's device time left no room for its GPU test
 # again: call 1 ran it on these forward and dk/dv kernels, and call 2 checked the merge's new
 # tiles equal to its old ones on the GPU). The results come back in one tarball.
 set -uo pipefail
 OUT=${OUT:?}
 export PYTHONUNBUFFERED=1
-for point in "h64 256 8" "h128 512 16"; do
+for point in "h64 256 8"; do
   set -- $point
   dir="$OUT/$1_$2_$3"
   mkdir -p "$dir"
