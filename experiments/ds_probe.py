@@ -104,10 +104,12 @@ def main():
     sel, layout = jax.jit(lambda q, k: attention.gate_and_layout(
         q, k, seg, jnp.array([k_max]), block_size=blk, k_max=k_max, bs=bs, interpret=False,
         backend="mosaic"))(q, k)
-    # The item's key steps: its longer half's.
-    items = jax.jit(lambda lay: (lambda ids, num, blocks, steps, _: (
-        ids, num, blocks, steps.max(-1)))(*hopper.persistent_items(
-            lay, seg, block_size=blk, block_kv=hopper.DKV_TILE)))(layout)
+    def item_fields(lay):
+      ids, num, blocks, steps, _ = hopper.persistent_items(lay, seg, block_size=blk,
+                                                           block_kv=hopper.DKV_TILE)
+      return ids, num, blocks, steps.max(-1)  # an item's key steps: its longer half's
+
+    items = jax.jit(item_fields)(layout)
     _, g, l = layout.row_src_BGL.shape
     ds = jax.random.normal(ks[4], (1, g, blk, l), jnp.bfloat16)
     q_rows = hopper.gather_rows(flat(q), layout, False)

@@ -1,17 +1,19 @@
 """The slot merges alone at one point (kernels.merge_partials: the forward's log-sum-exp merge
 of each token's partial outputs, dq's sum), for several token tiles, warp counts and
-software-pipeline depths, beside XLA's merge (attention._merge below its kernel threshold):
+software-pipeline depths, beside XLA's merge (attention.xla_merge, what runs below the kernel's
+k_max threshold):
 every configuration's outputs checked against the default's, then its time per call over
 back-to-back calls (timing.time_pipelined) and the bytes it must move per second of it.
-On the GPU; --interpret runs it on the CPU (small sizes, for tests).
+On the GPU; --interpret runs it on the CPU (small sizes; slow).
 
     python experiments/merge_tiles.py --heads h64 --block 256 --k 8 \\
-        --configs 64,4,1 64,4,2 64,4,3 32,4,2 128,8,2 --out /tmp/merge_tiles.json
+        --configs 16,2,3 64,4,1 32,4,2 128,4,2 --out /tmp/merge_tiles.json
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -34,25 +36,12 @@ def merge_bytes(part_BGLD, count_BTG, t, hq, forward: bool) -> int:
   return slots * (d * size + 4 * forward) + t * hq * (d * size + 4 * forward)
 
 
-def xla_merge(ok_B, group_size):
-  """attention._merge by XLA whatever k_max (its threshold raised while it is traced)."""
-  def merge(part, lse_in, sel, layout):
-    saved = attention._SLOT_MERGE_MIN_K_MAX
-    attention._SLOT_MERGE_MIN_K_MAX = 1 << 30
-    try:
-      return attention._merge(part, lse_in, sel, layout, ok_B, group_size, False)
-    finally:
-      attention._SLOT_MERGE_MIN_K_MAX = saved
-
-  return jax.jit(merge)
-
-
 def main():
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   add_point_args(p)
-  p.add_argument("--configs", nargs="+", default=["64,4,1", "64,4,2", "64,4,3"],
+  p.add_argument("--configs", nargs="+", default=["16,2,3", "64,4,1", "32,4,2"],
                  help="block_tokens,num_warps,num_stages of merge_partials (the first is the "
-                      "reference; 64,4,1 is its default)")
+                      "reference; 16,2,3 is its default)")
   p.add_argument("--calls", type=int, default=100)
   p.add_argument("--interpret", action="store_true", help="Pallas interpret mode (CPU)")
   p.add_argument("--out", required=True)
@@ -82,7 +71,8 @@ def main():
           kernels.merge_partials(part, lse_in, layout.entry_row_BGTK, sel.count_BTG, ok,
                                  group_size=hq // hkv, interpret=args.interpret,
                                  block_tokens=tt, num_warps=warps, num_stages=stages))))
-    variants.append(("xla", xla_merge(ok, hq // hkv)))
+    variants.append(("xla", jax.jit(functools.partial(attention.xla_merge, ok_B=ok,
+                                                      group_size=hq // hkv))))
     want = None
     for name, fn in variants:
       operands = (part, lse_in, sel, layout)

@@ -39,19 +39,24 @@ def _group_to_BTH(x_BGTGh, b, t, hq):
 # The per-slot partial results are merged by XLA (one fused gather of every slot, masked)
 # below this k_max, by kernels.merge_partials (a loop over each token's used slots only) from
 # it. H200, S=32K, 16 x 128, top-3, forward + dq merges: XLA 0.279 ms at k_max 3 and 0.620 at
-# k_max 16, the kernel 0.383 at both (BENCHMARKS.md); 8 lies between the two measurements
-# (XLA's cost interpolated to about 0.41 ms there), not measured itself.
+# k_max 16, the kernel 0.383 at both (64-token tiles; BENCHMARKS.md); 8 lies between the two
+# measurements (XLA's cost interpolated to about 0.41 ms there), not measured itself.
 _SLOT_MERGE_MIN_K_MAX = 8
 
 
 def _merge(part_BGLD, lse_BGL, sel, layout, ok_B, group_size, interpret):
   """merge_partials' contract (out and lse with lse_BGL, else the sum), by XLA or the kernel
   as _SLOT_MERGE_MIN_K_MAX says."""
-  b, g, l, _ = part_BGLD.shape
-  t, k_max = layout.entry_row_BGTK.shape[2:]
-  if k_max >= _SLOT_MERGE_MIN_K_MAX:
+  if layout.entry_row_BGTK.shape[3] >= _SLOT_MERGE_MIN_K_MAX:
     return kernels.merge_partials(part_BGLD, lse_BGL, layout.entry_row_BGTK, sel.count_BTG,
                                   ok_B, group_size=group_size, interpret=bool(interpret))
+  return xla_merge(part_BGLD, lse_BGL, sel, layout, ok_B, group_size)
+
+
+def xla_merge(part_BGLD, lse_BGL, sel, layout, ok_B, group_size):
+  """merge_partials' contract by XLA: one fused gather of every slot, masked."""
+  b, g, l, _ = part_BGLD.shape
+  t = layout.entry_row_BGTK.shape[2]
   hq = g * group_size
   num_blocks = layout.block_chunks_BGN2.shape[2]
   used_BGTK = jnp.transpose(sel.selected_BTGK, (0, 2, 1, 3)) < num_blocks

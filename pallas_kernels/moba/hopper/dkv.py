@@ -158,7 +158,6 @@ def _dkv_kernel(tile_ref, part_ref, num_ref, first_ref, end_ref, whole_ref, seg_
         plgpu.barrier_arrive(chunk_free.at[slot])
         return dk, dv, cstep + 1
 
-      zeros = plgpu.layout_cast(jnp.zeros((_ROWS, d), jnp.float32), plgpu.Layout.WGMMA)
       def pass_chunk(_, cstep):
         """A chunk step of the item this warpgroup's keys need not: waited for (its view of
         the barrier's phase) and freed unread."""
@@ -168,6 +167,7 @@ def _dkv_kernel(tile_ref, part_ref, num_ref, first_ref, end_ref, whole_ref, seg_
         plgpu.barrier_arrive(chunk_free.at[slot])
         return cstep + 1
 
+      zeros = plgpu.layout_cast(jnp.zeros((_ROWS, d), jnp.float32), plgpu.Layout.WGMMA)
       start = own_first(s, first)
       cstep = lax.fori_loop(first, start, pass_chunk, cstep)
       dk, dv, cstep = lax.fori_loop(start, end, chunk_body, (zeros, zeros, cstep))
