@@ -414,39 +414,40 @@ def gather_rows(x_BSD, layout, *, run_rows: int, interpret: bool) -> jax.Array:
 def _merge_kernel(ok_ref, cnt_ref, entry_ref, part_ref, lse_ref, out_ref, *lse_out, group_size):
   """One query head of a tile of tokens: the partial results of its used slots (a prefix of
   count slots per token), read through the slots' sorted rows - log-sum-exp weighted with
-  lse_ref (forward), or summed (dq, lse_ref None). Loops to the tile's largest count."""
+  lse_ref (forward), or summed (dq, lse_ref None). Loops to the tile's largest count.
+
+  The forward reads every slot's lse first (one gather of [slots, tokens]) and turns them into
+  final weights, so its loop over the slots, like dq's, only loads rows and adds: no running
+  maximum and rescale, and no lse load waited on inside the loop."""
   tt, d = out_ref.shape
+  kpad = entry_ref.shape[0]
   h = lax.rem(pl.program_id(1), group_size)
   cnt = cnt_ref[...]
+  if lse_ref is not None:
+    slot_K1 = lax.broadcasted_iota(jnp.int32, (kpad, 1), 0)
+    used_KT = slot_K1 < cnt[None, :]
+    lse_KT = jnp.where(used_KT, lse_ref[jnp.where(used_KT, entry_ref[...] + h, 0)], -jnp.inf)
+    m = jnp.max(lse_KT, axis=0)
+    w_KT = jnp.where(used_KT, jnp.exp(lse_KT - jnp.where(cnt > 0, m, 0.0)[None, :]), 0.0)
+    l = jnp.sum(w_KT, axis=0)
+    w_KT = w_KT / jnp.maximum(l, 1e-30)[None, :]
 
-  def rows_of(s):
+  def add(s, acc):
     used = s < cnt
-    return used, jnp.where(used, entry_ref[pl.ds(s, 1), :][0] + h, 0)
-
-  acc0 = jnp.zeros((tt, d), jnp.float32)
-  if lse_ref is None:
-    def add(s, acc):
-      used, rows = rows_of(s)
-      return acc + jnp.where(used[:, None], part_ref[rows].astype(jnp.float32), 0.0)
-
-    out_ref[...] = lax.fori_loop(0, jnp.max(cnt), add, acc0).astype(out_ref.dtype)
-    return
-
-  def merge(s, carry):
-    acc, m, l = carry
-    used, rows = rows_of(s)
-    lse = jnp.where(used, lse_ref[rows], -jnp.inf)
-    m_new = jnp.maximum(m, lse)
-    scale, w = jnp.exp(m - m_new), jnp.exp(lse - m_new)
+    # Unused slots read row 0: select, never multiply a row no kernel wrote.
+    rows = jnp.where(used, entry_ref[pl.ds(s, 1), :][0] + h, 0)
     o = jnp.where(used[:, None], part_ref[rows].astype(jnp.float32), 0.0)
-    return acc * scale[:, None] + w[:, None] * o, m_new, l * scale + w
+    if lse_ref is None:
+      return acc + o
+    return acc + jnp.sum(jnp.where(slot_K1 == s, w_KT, 0.0), axis=0)[:, None] * o
 
-  floor = jnp.full((tt,), -1e30, jnp.float32)  # below any lse; exp(floor - floor) = 1
-  acc, m, l = lax.fori_loop(0, jnp.max(cnt), merge, (acc0, floor, jnp.zeros_like(floor)))
+  acc = lax.fori_loop(0, jnp.max(cnt), add, jnp.zeros((tt, d), jnp.float32))
+  if lse_ref is None:
+    out_ref[...] = acc.astype(out_ref.dtype)
+    return
   ok = ok_ref[0] != 0
-  out = jnp.where(l[:, None] > 0, acc / jnp.maximum(l, 1e-30)[:, None], 0.0)
-  out_ref[...] = jnp.where(ok, out, jnp.nan).astype(out_ref.dtype)
-  lse_out[0][...] = jnp.where(l > 0, m + jnp.log(jnp.maximum(l, 1e-30)), 0.0)
+  out_ref[...] = jnp.where(ok, acc, jnp.nan).astype(out_ref.dtype)
+  lse_out[0][...] = jnp.where(cnt > 0, m + jnp.log(jnp.maximum(l, 1e-30)), 0.0)
 
 
 def merge_partials(part_BGLD, lse_BGL, entry_row_BGTK, count_BTG, ok_B, *, group_size: int,
@@ -465,7 +466,9 @@ def merge_partials(part_BGLD, lse_BGL, entry_row_BGTK, count_BTG, ok_B, *, group
   of eight configurations on the H200 (experiments/merge_tiles.py, budget = k_max): 14/2 x 64,
   block 256, k = 8: forward 0.251 -> 0.199 ms, dq 0.157 -> 0.139 against 64 tokens and 4 warps;
   k = 16: 0.473 -> 0.369, 0.281 -> 0.245; 16/16 x 128, block 512, k = 16: 0.734 -> 0.733,
-  0.785 -> 0.518 (BENCHMARKS.md); the depth made no difference there."""
+  0.785 -> 0.518 (BENCHMARKS.md); the depth made no difference there. The forward's weights
+  taken before its loop (_merge_kernel) then took its merge 0.199 -> 0.193 ms, 0.370 -> 0.361
+  and 0.732 -> 0.675 at those three points."""
   b, g, l, d = part_BGLD.shape
   t, kmax = entry_row_BGTK.shape[2:]
   hq = g * group_size
