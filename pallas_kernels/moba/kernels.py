@@ -462,13 +462,9 @@ def merge_partials(part_BGLD, lse_BGL, entry_row_BGTK, count_BTG, ok_B, *, group
   0.620 ms (attention._SLOT_MERGE_MIN_K_MAX picks between them). ok_B (forward; None: all
   rows): rows whose budget is out of range get NaN outputs. Padding tokens (count 0): 0 and
   lse 0. block_tokens, num_warps, num_stages: a program's tokens (of one query head), its
-  warps, and its slot loop's software-pipeline depth. The defaults were the fastest or near it
-  of eight configurations on the H200 (experiments/merge_tiles.py, budget = k_max): 14/2 x 64,
-  block 256, k = 8: forward 0.251 -> 0.199 ms, dq 0.157 -> 0.139 against 64 tokens and 4 warps;
-  k = 16: 0.473 -> 0.369, 0.281 -> 0.245; 16/16 x 128, block 512, k = 16: 0.734 -> 0.733,
-  0.785 -> 0.518 (BENCHMARKS.md); the depth made no difference there. The forward's weights
-  taken before its loop (_merge_kernel) then took its merge 0.199 -> 0.193 ms, 0.370 -> 0.361
-  and 0.732 -> 0.675 at those three points."""
+  warps, and its slot loop's software-pipeline depth; the defaults were the fastest or within
+  1% of it of eight configurations at three points on the H200 (experiments/merge_tiles.py;
+  the readings, and those of the forward's weights taken before its loop, in BENCHMARKS.md)."""
   b, g, l, d = part_BGLD.shape
   t, kmax = entry_row_BGTK.shape[2:]
   hq = g * group_size
