@@ -2,9 +2,11 @@
 
 import os
 
+from tests.cpu_flags import xla_flags
+
 # Eight host devices let the sharding tests build real meshes on CPU. Must be set
 # before JAX initialises its backends, hence here and not in a fixture.
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+os.environ.setdefault("XLA_FLAGS", xla_flags(8))
 
 import jax  # noqa: E402
 import pytest  # noqa: E402

@@ -15,17 +15,18 @@ import numpy as np
 import pytest
 
 from sparsebalance_jax.balance import simulate, tuner
+from tests.cpu_flags import xla_flags
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BASE, BUCKETS, P = 4, (4, 6), 0.3  # P: configs/longbench.py balance.p
 
 
-def _run(out, workloads, xla_flags, *extra, repeats=1):
+def _run(out, workloads, devices, *extra, repeats=1):
     cmd = [sys.executable, "-m", "experiments.bench_balance", "--interpret", "--shards=2",
            "--steps=2", "--seq_len=256", "--block_size=32", f"--budget={BASE}",
            "--buckets=" + ",".join(map(str, BUCKETS)), "--layers=1", f"--repeats={repeats}",
            "--min_doc_len=16", f"--out={out}", f"--workloads={workloads}", *extra]
-    env = dict(os.environ, XLA_FLAGS=xla_flags)
+    env = dict(os.environ, XLA_FLAGS=xla_flags(devices))
     done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     with open(out / "bench_balance.json") as f:
@@ -35,13 +36,13 @@ def _run(out, workloads, xla_flags, *extra, repeats=1):
 @pytest.fixture(scope="module")
 def bench(tmp_path_factory):
     # One host device: the benchmark simulates the shards.
-    return _run(tmp_path_factory.mktemp("bench_balance"), "longalign,chatqa2", "")
+    return _run(tmp_path_factory.mktemp("bench_balance"), "longalign,chatqa2", 1)
 
 
 @pytest.fixture(scope="module")
 def mesh_bench(tmp_path_factory):
-    return _run(tmp_path_factory.mktemp("bench_balance_mesh"), "chatqa2",
-                "--xla_force_host_platform_device_count=2", "--data_parallel=mesh", repeats=2)
+    return _run(tmp_path_factory.mktemp("bench_balance_mesh"), "chatqa2", 2,
+                "--data_parallel=mesh", repeats=2)
 
 
 def test_outputs_exist_and_the_table_is_printed_last(bench):

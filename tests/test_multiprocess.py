@@ -20,6 +20,7 @@ import pytest
 
 from sparsebalance_jax.sharding import distributed
 from sparsebalance_jax.training.metrics import read_metrics
+from tests.cpu_flags import xla_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 4
@@ -54,7 +55,7 @@ def _free_port() -> int:
 def _train(workdir, devices: int, flags, **env):
     cmd = [sys.executable, "-m", "experiments.train", "--config=configs/longbench.py:cpu",
            f"--config.train.workdir={workdir}", *TINY, *flags]
-    env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+    env = dict(os.environ, XLA_FLAGS=xla_flags(devices),
                JAX_PLATFORMS="cpu", **env)
     for name in (distributed.ENV_COORDINATOR, distributed.ENV_NUM_PROCESSES,
                  distributed.ENV_PROCESS_ID, distributed.ENV_MODE):

@@ -9,6 +9,7 @@ import time
 import pytest
 
 from sparsebalance_jax.training.metrics import read_metrics
+from tests.cpu_flags import xla_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS, EVERY = 6, 2
@@ -30,7 +31,7 @@ def _train(workdir, *extra, **popen):
            f"--config.train.workdir={workdir}", *TINY, *extra]
     # One persistent compilation cache for a test's runs: the rerun and the resumed run load
     # the first run's executables instead of compiling them again (about a third of the time).
-    env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu",
+    env = dict(os.environ, XLA_FLAGS=xla_flags(), JAX_PLATFORMS="cpu",
                JAX_COMPILATION_CACHE_DIR=str(workdir.parent / "jax_cache"))
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True, **popen)
