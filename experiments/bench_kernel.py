@@ -210,8 +210,8 @@ def profile_stages(t, block, k, hq, hkv, d, variants, reps):
   select = jax.jit(lambda sc, b: gating.select_blocks(sc, seg, b, block_size=block, k_max=k))
   row["select_ms"] = timeit(select, sc, budget, reps=reps)
   sel = select(sc, budget)
-  fused = jax.jit(lambda q, k_, b: attention._fused_gate(q, k_, seg, b, block_size=block,
-                                                         k_max=k, interpret=INTERPRET))
+  fused = jax.jit(lambda q, k_, b: gating.fused_gate(q, k_, seg, b, block_size=block,
+                                                      k_max=k, interpret=INTERPRET))
   row["fused_gate_ms"] = timeit(fused, q, k_, budget, reps=reps)
   for bs in (v.fit(block, d) for v in variants):
     tag = variant_tag(bs)
@@ -307,8 +307,8 @@ def kernel_point(args: argparse.Namespace) -> KernelPoint:
   hq, hkv, _ = HEADS[args.heads]
   t, block = args.seq, args.block
   d, q, k, v, _, seg, budget = point_inputs(args)
-  sel = jax.jit(lambda q, k: attention._fused_gate(q, k, seg, budget, block_size=block,
-                                                   k_max=args.k, interpret=False))(q, k)
+  sel = jax.jit(lambda q, k: gating.fused_gate(q, k, seg, budget, block_size=block,
+                                                k_max=args.k, interpret=False))(q, k)
   layout = lambda pad: build_kv_layout(sel, seg, num_blocks=t // block, group_size=hq // hkv,
                                        block_rows=64, mark_full=False, pad_rows=pad)
   q_flat = q.reshape(1, t * hq, d)

@@ -1,4 +1,4 @@
-"""The gate's top-k kernel (kernels.moba_gate_topk) alone at one point, for several token
+"""The gate's top-k kernel (gating.moba_gate_topk) alone at one point, for several token
 tiles and warp counts: every configuration's picks checked equal to the default's, then
 its time per call over back-to-back calls (timing.time_pipelined: for a kernel this short a
 synchronised call would time mostly its dispatch). GPU only.
@@ -19,8 +19,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from experiments.bench_kernel import add_point_args, point_inputs  # noqa: E402
-from pallas_kernels.moba import kernels  # noqa: E402
-from pallas_kernels.moba.attention import gate_kernel_operands  # noqa: E402
+from pallas_kernels.moba.gating import gate_kernel_operands, moba_gate_topk  # noqa: E402
 from sparsebalance_jax.balance.timing import time_pipelined  # noqa: E402
 
 
@@ -39,7 +38,7 @@ def main():
   for cfg in args.configs:
     tile, warps = (int(x) for x in cfg.split(","))
     fn = jax.jit(lambda qh, ql, gh, gl, trail, seg, tile=tile, warps=warps:
-                 kernels.moba_gate_topk(qh, ql, gh, gl, trail, seg, block_size=args.block,
+                 moba_gate_topk(qh, ql, gh, gl, trail, seg, block_size=args.block,
                                         num_picks=args.k - 1, interpret=False, tile=tile,
                                         num_warps=warps))
     got = np.asarray(fn(*operands))

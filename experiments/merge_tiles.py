@@ -24,7 +24,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from experiments.bench_kernel import HEADS, add_point_args, point_inputs  # noqa: E402
-from pallas_kernels.moba import attention, build_kv_layout, hopper, kernels  # noqa: E402
+from pallas_kernels.moba import attention, build_kv_layout, gating, hopper, kernels  # noqa: E402
 from sparsebalance_jax.balance.timing import time_pipelined  # noqa: E402
 
 
@@ -49,9 +49,8 @@ def main():
   hq, hkv, _ = HEADS[args.heads]
   d, q, k, _, _, seg, budget = point_inputs(args)
   t = args.seq
-  sel = jax.jit(lambda q, k: attention._fused_gate(q, k, seg, budget, block_size=args.block,
-                                                   k_max=args.k,
-                                                   interpret=args.interpret))(q, k)
+  sel = jax.jit(lambda q, k: gating.fused_gate(q, k, seg, budget, block_size=args.block,
+                                                k_max=args.k, interpret=args.interpret))(q, k)
   layout = build_kv_layout(sel, seg, num_blocks=t // args.block, group_size=hq // hkv,
                            block_rows=64, mark_full=False, pad_rows=hopper.ITEM_ROWS)
   b, g, l = layout.row_src_BGL.shape

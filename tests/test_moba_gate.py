@@ -109,7 +109,6 @@ def test_budget_out_of_range_raises_eagerly_and_poisons_under_jit():
                                                    (jnp.float32, 7, 1, 12)])
 def test_fused_gate_kernel_matches_gate(dtype, hq, hkv, k_max):
   """The Pallas gate (interpret mode) ranks exactly like moba_gate, slot by slot."""
-  from pallas_kernels.moba import attention
   rng = np.random.default_rng()
   t, block_size = 256, 16
   q = jnp.asarray(rng.standard_normal((2, t, hq, 16)), dtype)
@@ -117,7 +116,7 @@ def test_fused_gate_kernel_matches_gate(dtype, hq, hkv, k_max):
   seg = packed_segments(rng, 2, t, block_size, aligned=False)
   budget = jnp.asarray(rng.integers(1, k_max + 1, size=2), jnp.int32)
   want = moba_gate(q, k, seg, budget, block_size=block_size, k_max=k_max)
-  got = jax.jit(lambda q, k: attention._fused_gate(
+  got = jax.jit(lambda q, k: gating.fused_gate(
       q, k, seg, budget, block_size=block_size, k_max=k_max, interpret=True))(q, k)
   np.testing.assert_array_equal(np.asarray(got.selected_BTGK), np.asarray(want.selected_BTGK))
   np.testing.assert_array_equal(np.asarray(got.count_BTG), np.asarray(want.count_BTG))
@@ -127,23 +126,22 @@ def test_fused_gate_kernel_matches_gate(dtype, hq, hkv, k_max):
 def test_gate_kernel_makes_each_rows_passes_only(num_picks):
   """moba_gate_topk with picks_B: row b's first picks_B[b] slots are the unbounded kernel's,
   its later slots -1 (passes clipped to [0, num_picks]); one compile serves every picks_B."""
-  from pallas_kernels.moba import attention, kernels
   rng = np.random.default_rng()
   b, t, block_size = 4, 256, 16
   q = jnp.asarray(rng.standard_normal((b, t, 2, 16)), jnp.float32)
   k = jnp.asarray(rng.standard_normal((b, t, 1, 16)), jnp.float32)
   seg = packed_segments(rng, b, t, block_size, aligned=False)
-  ops = attention.gate_kernel_operands(q, k, seg, block_size=block_size)
+  ops = gating.gate_kernel_operands(q, k, seg, block_size=block_size)
   traces = []
 
   def topk(picks_B):
     traces.append(1)
-    return kernels.moba_gate_topk(*ops, seg, block_size=block_size, num_picks=num_picks,
+    return gating.moba_gate_topk(*ops, seg, block_size=block_size, num_picks=num_picks,
                                   interpret=True, picks_B=picks_B)
 
   bounded = jax.jit(topk)
-  full = np.asarray(kernels.moba_gate_topk(*ops, seg, block_size=block_size,
-                                           num_picks=num_picks, interpret=True))
+  full = np.asarray(gating.moba_gate_topk(*ops, seg, block_size=block_size,
+                                          num_picks=num_picks, interpret=True))
   assert all((full[row, ..., 0] >= 0).any() for row in range(b))  # every row picks
   for picks in ([0, 1, num_picks, 9], list(rng.integers(-1, num_picks + 2, size=b))):
     got = np.asarray(bounded(jnp.asarray(picks, jnp.int32)))

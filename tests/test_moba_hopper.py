@@ -542,12 +542,12 @@ def test_kernels_fit_h200_shared_memory(kernel, hq, hkv, d, block_size, stages, 
   stage at head_dim 128 does not (dq with both operands sorted: two more; dq's default is
   three K stages and two V), nor dk/dv's 128-row steps there."""
   from experiments.triton_ir import lower_for_h200
-  from pallas_kernels.moba.attention import _fused_gate
+  from pallas_kernels.moba.gating import fused_gate
   t, k_max = 32768, 3
   shape = lambda h: jax.ShapeDtypeStruct((1, t, h, d), jnp.bfloat16)
 
   def run(q, k, v, do, seg, budget):
-    sel = _fused_gate(q, k, seg, budget, block_size=block_size, k_max=k_max, interpret=False)
+    sel = fused_gate(q, k, seg, budget, block_size=block_size, k_max=k_max, interpret=False)
     layout = build_kv_layout(sel, seg, num_blocks=t // block_size, group_size=hq // hkv,
                              block_rows=64, mark_full=False, pad_rows=hopper.ITEM_ROWS)
     flat = lambda x: x.reshape(1, t * hq, *x.shape[3:])

@@ -50,11 +50,11 @@ Semantics (exact; kernels and the dense reference compute the same function):
 * Gradients flow to q, k, v through attention only (selection is piecewise
   constant, as in MoBA).
 
-Kernel design (kernels.py, layout in gating.py). Gate: one Pallas kernel per
-(row, KV group, token tile) computes the scores against all blocks, masks
-eligibility and keeps the top (k_b - 1) ids in registers - from k_max 4 on one looped pass
-per pick up to the row's budget, below that every pass unrolled (the [B, T, G, N] score
-tensor is never written; `moba_gate` is the XLA version with coverage and picks the same
+Kernel design (gate and layout in gating.py, attention kernels in kernels.py and hopper/).
+Gate: one Pallas kernel per (row, KV group, token tile) computes the scores against all
+blocks, masks eligibility and keeps the top (k_b - 1) ids in registers - from k_max 4 on one
+looped pass per pick up to the row's budget, below that every pass unrolled (the [B, T, G, N]
+score tensor is never written; `moba_gate` is the XLA version with coverage and picks the same
 blocks). Attention: KV-centric. The gate's
 (token, slot) picks are sorted by KV block, per (row, KV group); each block's run of
 (token, head) rows is padded to a multiple of `block_rows`, so every chunk of
@@ -77,6 +77,11 @@ target at top-3 is not reached. At 14/2 heads x 64 the Hopper kernels are the fa
 0.998 with the Hopper kernels, 0.999 with the Triton ones; k=2..16, one compile); the gating
 7.6% of the step's GPU time.
 """
+
+# Imported for its side effect, before any kernel module: it registers a Pallas config flag
+# in JAX's trace context. Left to the first pallas_call to import lazily, that registration
+# changes the context mid-run, so a function jitted before it compiles twice.
+from jax.experimental.pallas import fuser as _fuser  # noqa: F401
 
 from pallas_kernels.moba.attention import moba_attention
 from pallas_kernels.moba.gating import (MobaKVLayout, MobaSelection, build_kv_layout,

@@ -152,31 +152,6 @@ def _moba_bwd(block_size, bs, interpret, backend, res, do_BTHD):
 _moba_core.defvjp(_moba_fwd, _moba_bwd)
 
 
-def gate_kernel_operands(q_BTHD, k_BTKD, segment_ids_BT, *, block_size: int):
-  """kernels.moba_gate_topk's first five operands: the bf16 (hi, lo) parts of the group
-  queries and of the gate keys, and the blocks' trailing document ids."""
-  gkey_BNGD, trail_seg_BN = gating.gate_keys(k_BTKD, segment_ids_BT, block_size=block_size)
-  qh_BTGD, ql_BTGD = gating.split_bf16(gating.group_queries(q_BTHD, k_BTKD.shape[2]))
-  gh_BNGD, gl_BNGD = gating.split_bf16(gkey_BNGD)
-  return qh_BTGD, ql_BTGD, gh_BNGD, gl_BNGD, trail_seg_BN
-
-
-def _fused_gate(q_BTHD, k_BTKD, segment_ids_BT, budget_B, *, block_size, k_max, interpret
-                ) -> gating.MobaSelection:
-  """gating.moba_gate's selection (no coverage) with scores and top-k in one kernel."""
-  b, t, hq, d = q_BTHD.shape
-  n = t // block_size
-  if k_max == 1:
-    picks_BTGK = jnp.zeros((b, t, k_BTKD.shape[2], 0), jnp.int32)
-  else:
-    picks_BTGK = kernels.moba_gate_topk(
-        *gate_kernel_operands(q_BTHD, k_BTKD, segment_ids_BT, block_size=block_size),
-        segment_ids_BT, block_size=block_size, num_picks=k_max - 1, interpret=interpret,
-        picks_B=budget_B - 1)  # selection_from_picks reads no slot past a row's budget
-  return gating.selection_from_picks(jnp.maximum(picks_BTGK, 0), picks_BTGK >= 0, segment_ids_BT,
-                                     budget_B, block_size=block_size, num_blocks=n)
-
-
 def gate_and_layout(q_BTHD, k_BTKD, segment_ids_BT, budget_B, *, block_size: int, k_max: int,
                     bs: MobaBlockSizes, interpret: bool, backend: str = "triton"
                     ) -> tuple[gating.MobaSelection, gating.MobaKVLayout]:
@@ -185,7 +160,7 @@ def gate_and_layout(q_BTHD, k_BTKD, segment_ids_BT, budget_B, *, block_size: int
   backend's padding."""
   bs = bs.fit(block_size, q_BTHD.shape[-1])
   segment_ids_BT = segment_ids_BT.astype(jnp.int32)
-  sel = _fused_gate(lax.stop_gradient(q_BTHD), lax.stop_gradient(k_BTKD), segment_ids_BT,
+  sel = gating.fused_gate(lax.stop_gradient(q_BTHD), lax.stop_gradient(k_BTKD), segment_ids_BT,
                     budget_B.astype(jnp.int32), block_size=block_size, k_max=k_max,
                     interpret=interpret)
   layout = gating.build_kv_layout(sel, segment_ids_BT, num_blocks=q_BTHD.shape[1] // block_size,
