@@ -306,6 +306,130 @@ def moba_coverage(q_BTHD, k_BTKD, segment_ids_BT, budget_B, *, block_size: int, 
   return jnp.where(n_B > 0, (per_token_BT * nonpad_BT).sum(-1) / jnp.maximum(n_B, 1), 1.0)
 
 
+# Up to this many picks the gate makes every pass, unrolled, and drops the picks past the
+# row's budget after: on the H200 (S=32K, 16/16 x 128, block 512) a loop of 2 passes took
+# 0.089 ms where 2 unrolled took 0.078; at k_max 16 a loop of 2 took 0.094 where 15 unrolled
+# took 0.238 (BENCHMARKS.md).
+_UNROLLED_GATE_PICKS = 2
+
+
+def _gate_kernel(passes_ref, qh_ref, *refs, block_size, num_picks, has_q_lo):
+  """Scores of a tile of tokens against every block, eligibility, and the top block ids by
+  passes of max / first-index-of-max, all in registers: passes_ref[0] of them (the row's
+  budget less its own block; the slots after hold -1), looped so that the gate's time
+  follows the budget, not the compiled k_max (num_picks; up to _UNROLLED_GATE_PICKS
+  unrolled instead)."""
+  if has_q_lo:
+    ql_ref, gh_ref, gl_ref, trail_ref, seg_ref, out_ref = refs
+  else:
+    ql_ref, (gh_ref, gl_ref, trail_ref, seg_ref, out_ref) = None, refs
+  tile, kpad = out_ref.shape
+  npad = gh_ref.shape[0]
+  qh = qh_ref[...]
+  gh = gh_ref[...]
+  s = plgpu.dot(qh, gh, trans_b=True) + plgpu.dot(qh, gl_ref[...], trans_b=True)
+  if has_q_lo:
+    s = s + plgpu.dot(ql_ref[...], gh, trans_b=True)
+  seg = seg_ref[...]
+  own = (pl.program_id(2) * tile + jnp.arange(tile, dtype=jnp.int32)) // block_size
+  blk = jnp.arange(npad, dtype=jnp.int32)
+  eligible = ((blk[None, :] < own[:, None]) & (trail_ref[...][None, :] == seg[:, None])
+              & (seg[:, None] != 0))
+  s = jnp.where(eligible, s, -jnp.inf)
+  slot = jnp.arange(kpad, dtype=jnp.int32)
+
+  def one_pass(k, carry):
+    s, picks = carry
+    m = jnp.max(s, axis=1)
+    idx = jnp.min(jnp.where(s == m[:, None], blk[None, :], npad), axis=1)
+    found = m > -jnp.inf
+    picks = jnp.where((slot[None, :] == k) & found[:, None], idx[:, None], picks)
+    return jnp.where(blk[None, :] == idx[:, None], -jnp.inf, s), picks
+
+  picks = jnp.full((tile, kpad), -1, jnp.int32)
+  passes = passes_ref[0]
+  if num_picks > _UNROLLED_GATE_PICKS:
+    out_ref[...] = lax.fori_loop(0, passes, one_pass, (s, picks))[1]
+    return
+  carry = (s, picks)
+  for k in range(num_picks):
+    carry = one_pass(k, carry)
+  out_ref[...] = jnp.where(slot[None, :] < passes, carry[1], -1)
+
+
+def moba_gate_topk(qh_BTGD, ql_BTGD, gh_BNGD, gl_BNGD, trail_seg_BN, segment_ids_BT, *,
+                   block_size: int, num_picks: int, interpret: bool, picks_B=None,
+                   tile: int = 128, num_warps: int | None = None):
+  """Top num_picks eligible blocks per (token, KV group): int32 [B, T, G, num_picks],
+  best first, -1 where fewer are eligible. Inputs are the bf16 (hi, lo) parts of
+  the group queries (lo may be None) and of the gate keys, as gating.gate_dot. picks_B
+  (int [B], runtime data; None: num_picks for every row): row b's top min(picks_B[b],
+  num_picks) only, its later slots -1 - from num_picks 3 on the passes the kernel makes, so
+  that a budget below the compiled k_max costs its own picks, not k_max's. tile: tokens
+  per program at most (halved until it divides T and its scores fit in registers);
+  num_warps: by default 8 for 128-token tiles, else 4. On the H200 at S=32K, 16/16 x 128,
+  block 512 (gate_tiles.py, BENCHMARKS.md) 128 tokens on 8 warps were the fastest, and 64 on
+  8 much slower than 64 on 4."""
+  b, t, g, d = qh_BTGD.shape
+  n = gh_BNGD.shape[1]
+  npad = max(16, pl.next_power_of_2(n))
+  kpad = pl.next_power_of_2(num_picks)
+  while t % tile or tile * npad > 8192 and tile > 16:  # scores tile stays in registers
+    tile //= 2
+  if num_warps is None:
+    num_warps = 8 if tile >= 128 else 4
+  pad_n = lambda x: jnp.pad(x, [(0, 0), (0, npad - n)] + [(0, 0)] * (x.ndim - 2))
+  q_spec = pl.BlockSpec((None, tile, None, d), lambda b_, g_, i: (b_, i, g_, 0))
+  key_spec = pl.BlockSpec((None, npad, None, d), lambda b_, g_, i: (b_, 0, g_, 0))
+  has_q_lo = ql_BTGD is not None
+  kernel = functools.partial(_gate_kernel, block_size=block_size, num_picks=num_picks,
+                             has_q_lo=has_q_lo)
+  if picks_B is not None and picks_B.shape != (b,):
+    raise ValueError(f"picks_B must be [B={b}], got shape {picks_B.shape}")
+  passes_B = jnp.full((b,), num_picks, jnp.int32) if picks_B is None else picks_B
+  passes_B = jnp.clip(passes_B.astype(jnp.int32), 0, num_picks)
+  picks = pl.pallas_call(
+      kernel,
+      grid=(b, g, t // tile),
+      in_specs=[pl.BlockSpec((1,), lambda b_, g_, i: (b_,)), q_spec] + [q_spec] * has_q_lo + [
+          key_spec, key_spec, pl.BlockSpec((None, npad), lambda b_, g_, i: (b_, 0)),
+          pl.BlockSpec((None, tile), lambda b_, g_, i: (b_, i))],
+      out_specs=pl.BlockSpec((None, tile, None, kpad), lambda b_, g_, i: (b_, i, g_, 0)),
+      out_shape=jax.ShapeDtypeStruct((b, t, g, kpad), jnp.int32),
+      compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
+      interpret=interpret,
+      name="moba_gate_topk",
+  )(passes_B, qh_BTGD, *([ql_BTGD] if has_q_lo else []), pad_n(gh_BNGD), pad_n(gl_BNGD),
+    pad_n(trail_seg_BN), segment_ids_BT.astype(jnp.int32))
+  return picks[..., :num_picks]
+
+
+def gate_kernel_operands(q_BTHD, k_BTKD, segment_ids_BT, *, block_size: int):
+  """moba_gate_topk's first five operands: the bf16 (hi, lo) parts of the group
+  queries and of the gate keys, and the blocks' trailing document ids."""
+  gkey_BNGD, trail_seg_BN = gate_keys(k_BTKD, segment_ids_BT, block_size=block_size)
+  qh_BTGD, ql_BTGD = split_bf16(group_queries(q_BTHD, k_BTKD.shape[2]))
+  gh_BNGD, gl_BNGD = split_bf16(gkey_BNGD)
+  return qh_BTGD, ql_BTGD, gh_BNGD, gl_BNGD, trail_seg_BN
+
+
+def fused_gate(q_BTHD, k_BTKD, segment_ids_BT, budget_B, *, block_size, k_max, interpret
+               ) -> MobaSelection:
+  """moba_gate's selection (no coverage) with scores and top-k in one kernel
+  (moba_attention's gate)."""
+  b, t, hq, d = q_BTHD.shape
+  n = t // block_size
+  if k_max == 1:
+    picks_BTGK = jnp.zeros((b, t, k_BTKD.shape[2], 0), jnp.int32)
+  else:
+    picks_BTGK = moba_gate_topk(
+        *gate_kernel_operands(q_BTHD, k_BTKD, segment_ids_BT, block_size=block_size),
+        segment_ids_BT, block_size=block_size, num_picks=k_max - 1, interpret=interpret,
+        picks_B=budget_B - 1)  # selection_from_picks reads no slot past a row's budget
+  return selection_from_picks(jnp.maximum(picks_BTGK, 0), picks_BTGK >= 0, segment_ids_BT,
+                              budget_B, block_size=block_size, num_blocks=n)
+
+
 # Tokens per chunk of _read_ranks' running count: at most 256, so that every count is exact
 # in its bf16 product.
 _RANK_CHUNK = 128
@@ -449,127 +573,3 @@ def attended_key_tiles(chunk_block_BGC, row_seg_BGL, row_pos_BGL, segment_ids_BT
   first_BGC = jnp.where(counted_BGCR, rpos_BGCR, t).min(-1) - j_BGC * (t // n)
   tiles_BGC = jnp.clip((first_BGC + 1) // tile, 0, (t // n) // tile)
   return jnp.where(one_doc_BGC, tiles_BGC, 0).astype(jnp.int32)
-
-
-# Up to this many picks the gate makes every pass, unrolled, and drops the picks past the
-# row's budget after: on the H200 (S=32K, 16/16 x 128, block 512) a loop of 2 passes took
-# 0.089 ms where 2 unrolled took 0.078; at k_max 16 a loop of 2 took 0.094 where 15 unrolled
-# took 0.238 (BENCHMARKS.md).
-_UNROLLED_GATE_PICKS = 2
-
-
-def _gate_kernel(passes_ref, qh_ref, *refs, block_size, num_picks, has_q_lo):
-  """Scores of a tile of tokens against every block, eligibility, and the top block ids by
-  passes of max / first-index-of-max, all in registers: passes_ref[0] of them (the row's
-  budget less its own block; the slots after hold -1), looped so that the gate's time
-  follows the budget, not the compiled k_max (num_picks; up to _UNROLLED_GATE_PICKS
-  unrolled instead)."""
-  if has_q_lo:
-    ql_ref, gh_ref, gl_ref, trail_ref, seg_ref, out_ref = refs
-  else:
-    ql_ref, (gh_ref, gl_ref, trail_ref, seg_ref, out_ref) = None, refs
-  tile, kpad = out_ref.shape
-  npad = gh_ref.shape[0]
-  qh = qh_ref[...]
-  gh = gh_ref[...]
-  s = plgpu.dot(qh, gh, trans_b=True) + plgpu.dot(qh, gl_ref[...], trans_b=True)
-  if has_q_lo:
-    s = s + plgpu.dot(ql_ref[...], gh, trans_b=True)
-  seg = seg_ref[...]
-  own = (pl.program_id(2) * tile + jnp.arange(tile, dtype=jnp.int32)) // block_size
-  blk = jnp.arange(npad, dtype=jnp.int32)
-  eligible = ((blk[None, :] < own[:, None]) & (trail_ref[...][None, :] == seg[:, None])
-              & (seg[:, None] != 0))
-  s = jnp.where(eligible, s, -jnp.inf)
-  slot = jnp.arange(kpad, dtype=jnp.int32)
-
-  def one_pass(k, carry):
-    s, picks = carry
-    m = jnp.max(s, axis=1)
-    idx = jnp.min(jnp.where(s == m[:, None], blk[None, :], npad), axis=1)
-    found = m > -jnp.inf
-    picks = jnp.where((slot[None, :] == k) & found[:, None], idx[:, None], picks)
-    return jnp.where(blk[None, :] == idx[:, None], -jnp.inf, s), picks
-
-  picks = jnp.full((tile, kpad), -1, jnp.int32)
-  passes = passes_ref[0]
-  if num_picks > _UNROLLED_GATE_PICKS:
-    out_ref[...] = lax.fori_loop(0, passes, one_pass, (s, picks))[1]
-    return
-  carry = (s, picks)
-  for k in range(num_picks):
-    carry = one_pass(k, carry)
-  out_ref[...] = jnp.where(slot[None, :] < passes, carry[1], -1)
-
-
-def moba_gate_topk(qh_BTGD, ql_BTGD, gh_BNGD, gl_BNGD, trail_seg_BN, segment_ids_BT, *,
-                   block_size: int, num_picks: int, interpret: bool, picks_B=None,
-                   tile: int = 128, num_warps: int | None = None):
-  """Top num_picks eligible blocks per (token, KV group): int32 [B, T, G, num_picks],
-  best first, -1 where fewer are eligible. Inputs are the bf16 (hi, lo) parts of
-  the group queries (lo may be None) and of the gate keys, as gating.gate_dot. picks_B
-  (int [B], runtime data; None: num_picks for every row): row b's top min(picks_B[b],
-  num_picks) only, its later slots -1 - from num_picks 3 on the passes the kernel makes, so
-  that a budget below the compiled k_max costs its own picks, not k_max's. tile: tokens
-  per program at most (halved until it divides T and its scores fit in registers);
-  num_warps: by default 8 for 128-token tiles, else 4. On the H200 at S=32K, 16/16 x 128,
-  block 512 (gate_tiles.py, BENCHMARKS.md) 128 tokens on 8 warps were the fastest, and 64 on
-  8 much slower than 64 on 4."""
-  b, t, g, d = qh_BTGD.shape
-  n = gh_BNGD.shape[1]
-  npad = max(16, pl.next_power_of_2(n))
-  kpad = pl.next_power_of_2(num_picks)
-  while t % tile or tile * npad > 8192 and tile > 16:  # scores tile stays in registers
-    tile //= 2
-  if num_warps is None:
-    num_warps = 8 if tile >= 128 else 4
-  pad_n = lambda x: jnp.pad(x, [(0, 0), (0, npad - n)] + [(0, 0)] * (x.ndim - 2))
-  q_spec = pl.BlockSpec((None, tile, None, d), lambda b_, g_, i: (b_, i, g_, 0))
-  key_spec = pl.BlockSpec((None, npad, None, d), lambda b_, g_, i: (b_, 0, g_, 0))
-  has_q_lo = ql_BTGD is not None
-  kernel = functools.partial(_gate_kernel, block_size=block_size, num_picks=num_picks,
-                             has_q_lo=has_q_lo)
-  if picks_B is not None and picks_B.shape != (b,):
-    raise ValueError(f"picks_B must be [B={b}], got shape {picks_B.shape}")
-  passes_B = jnp.full((b,), num_picks, jnp.int32) if picks_B is None else picks_B
-  passes_B = jnp.clip(passes_B.astype(jnp.int32), 0, num_picks)
-  picks = pl.pallas_call(
-      kernel,
-      grid=(b, g, t // tile),
-      in_specs=[pl.BlockSpec((1,), lambda b_, g_, i: (b_,)), q_spec] + [q_spec] * has_q_lo + [
-          key_spec, key_spec, pl.BlockSpec((None, npad), lambda b_, g_, i: (b_, 0)),
-          pl.BlockSpec((None, tile), lambda b_, g_, i: (b_, i))],
-      out_specs=pl.BlockSpec((None, tile, None, kpad), lambda b_, g_, i: (b_, i, g_, 0)),
-      out_shape=jax.ShapeDtypeStruct((b, t, g, kpad), jnp.int32),
-      compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
-      interpret=interpret,
-      name="moba_gate_topk",
-  )(passes_B, qh_BTGD, *([ql_BTGD] if has_q_lo else []), pad_n(gh_BNGD), pad_n(gl_BNGD),
-    pad_n(trail_seg_BN), segment_ids_BT.astype(jnp.int32))
-  return picks[..., :num_picks]
-
-
-def gate_kernel_operands(q_BTHD, k_BTKD, segment_ids_BT, *, block_size: int):
-  """moba_gate_topk's first five operands: the bf16 (hi, lo) parts of the group
-  queries and of the gate keys, and the blocks' trailing document ids."""
-  gkey_BNGD, trail_seg_BN = gate_keys(k_BTKD, segment_ids_BT, block_size=block_size)
-  qh_BTGD, ql_BTGD = split_bf16(group_queries(q_BTHD, k_BTKD.shape[2]))
-  gh_BNGD, gl_BNGD = split_bf16(gkey_BNGD)
-  return qh_BTGD, ql_BTGD, gh_BNGD, gl_BNGD, trail_seg_BN
-
-
-def fused_gate(q_BTHD, k_BTKD, segment_ids_BT, budget_B, *, block_size, k_max, interpret
-               ) -> MobaSelection:
-  """moba_gate's selection (no coverage) with scores and top-k in one kernel
-  (moba_attention's gate)."""
-  b, t, hq, d = q_BTHD.shape
-  n = t // block_size
-  if k_max == 1:
-    picks_BTGK = jnp.zeros((b, t, k_BTKD.shape[2], 0), jnp.int32)
-  else:
-    picks_BTGK = moba_gate_topk(
-        *gate_kernel_operands(q_BTHD, k_BTKD, segment_ids_BT, block_size=block_size),
-        segment_ids_BT, block_size=block_size, num_picks=k_max - 1, interpret=interpret,
-        picks_B=budget_B - 1)  # selection_from_picks reads no slot past a row's budget
-  return selection_from_picks(jnp.maximum(picks_BTGK, 0), picks_BTGK >= 0, segment_ids_BT,
-                              budget_B, block_size=block_size, num_blocks=n)
