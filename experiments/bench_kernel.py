@@ -328,6 +328,15 @@ def step_gating(q, k, seg, budget, **kwargs):
   return sel.selected_BTGK, layout
 
 
+def with_ratios(row, cudnn_row):
+  """row with its useful-FLOP rates over cuDNN's, each clock against the same clock (ratio_fwd,
+  ratio_fwdbwd: synchronised; _pipe: back to back; _span: the GPU's clock), set as the row is
+  made, so that the JSON written after it holds them even if the run is cut short."""
+  for key in ("fwd", "fwdbwd", "fwdbwd_pipe", "fwdbwd_span"):
+    row[f"ratio_{key}"] = row[f"{key}_tflops"] / cudnn_row[f"{key}_tflops"]
+  return row
+
+
 def r_squared(x, y):
   x, y = np.asarray(x, float), np.asarray(y, float)
   a, b = np.polyfit(x, y, 1)
@@ -383,7 +392,8 @@ def main():
     hq, hkv, d = HEADS[name]
     for t in args.seqs:
       rows.append(bench_cudnn(t, hq, hkv, d, args.reps))
-      print(rows[-1], flush=True)
+      cudnn_row = rows[-1]
+      print(cudnn_row, flush=True)
       save()
       for block in args.blocks:
         for k in args.ks:
@@ -393,8 +403,8 @@ def main():
           timed = variants if args.variants_everywhere or (first and not args.profile) else [bs0]
           for bs, fk in itertools.product(timed, args.backends):
             try:
-              rows.extend(bench_moba(t, block, [k], k, hq, hkv, d, bs, args.reps,
-                                     backend=fk))
+              rows.extend(with_ratios(r, cudnn_row) for r in bench_moba(
+                  t, block, [k], k, hq, hkv, d, bs, args.reps, backend=fk))
             except Exception as e:  # a variant that fails to compile is reported, not fatal
               rows.append(dict(kind="moba_error", seq=t, block=block, k=k, heads=name,
                                backend=fk, block_sizes=dataclasses.asdict(bs),
@@ -403,29 +413,25 @@ def main():
             save()
         if args.sweep and args.sweep <= t // block:
           for fk in args.backends:
-            rows.extend(bench_moba(t, block, range(2, args.sweep + 1), args.sweep, hq, hkv, d,
-                                   bs0, args.reps, kind="sweep", gate=False, backend=fk))
+            rows.extend(with_ratios(r, cudnn_row) for r in bench_moba(
+                t, block, range(2, args.sweep + 1), args.sweep, hq, hkv, d, bs0, args.reps,
+                kind="sweep", gate=False, backend=fk))
             save()
   # Short table last.
-  cud = {(r["seq"], r["heads"]): r for r in rows if r["kind"] == "cudnn"}
+  cud = [r for r in rows if r["kind"] == "cudnn"]
   print("\nkind  backend           heads  S      block k  kmax  fwd_ms  fb_ms   fwdTF  fbTF   "
         "xcuDNN(fb) gate_ms  fb_pipe xcuDNN(pipe)  fb_gpu xcuDNN(gpu)  tiles")
   for r in rows:
     if r["kind"] not in ("moba", "sweep"):
       continue
     r.setdefault("gate_ms", float("nan"))
-    c = cud[(r["seq"], r["heads"])]
-    r["ratio_fwdbwd"] = r["fwdbwd_tflops"] / c["fwdbwd_tflops"]
-    r["ratio_fwd"] = r["fwd_tflops"] / c["fwd_tflops"]
-    r["ratio_fwdbwd_pipe"] = r["fwdbwd_pipe_tflops"] / c["fwdbwd_pipe_tflops"]
-    r["ratio_fwdbwd_span"] = r["fwdbwd_span_tflops"] / c["fwdbwd_span_tflops"]
     print(f"{r['kind']:5s} {r['backend']:17s} {r['heads']:6s} {r['seq']:6d} "
           f"{r['block']:5d} {r['k']:2d} {r['k_max']:4d} {r['fwd_ms']:7.3f} {r['fwdbwd_ms']:7.3f} "
           f"{r['fwd_tflops']:6.1f} {r['fwdbwd_tflops']:6.1f} {r['ratio_fwdbwd']:6.3f} "
           f"{r['gate_ms']:7.3f}  {r['fwdbwd_pipe_ms']:7.3f} {r['ratio_fwdbwd_pipe']:6.3f}  "
           f"{r['fwdbwd_span_ms']:7.3f} {r['ratio_fwdbwd_span']:6.3f}  "
           f"{variant_tag(MobaBlockSizes(**r['block_sizes']))}")
-  for c in cud.values():
+  for c in cud:
     print(f"cudnn {c['heads']:6s} {c['seq']:6d} fwd {c['fwd_ms']:.3f} ms "
           f"({c['fwd_tflops']:.0f} TF/s)"
           f" fwd+bwd {c['fwdbwd_ms']:.3f} ms ({c['fwdbwd_tflops']:.0f} TF/s); back to back "
