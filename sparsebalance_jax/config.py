@@ -156,12 +156,32 @@ def _section(cls, raw: Mapping[str, Any], name: str):
     missing = sorted(set(fields) - set(raw))
     if missing:
         raise ConfigError(f"{name}: missing field(s) {missing}")
-    values = {}
-    for key, value in raw.items():
-        if isinstance(value, list):
-            value = tuple(value)
-        values[key] = value
-    return cls(**values)
+    return cls(**{key: _typed(f"{name}.{key}", fields[key].type, value)
+                  for key, value in raw.items()})
+
+
+# A field's annotation (a string under `from __future__ import annotations`) -> the Python
+# types its value may have; float fields also take ints, converted.
+_SCALARS = {"int": (int,), "float": (int, float), "bool": (bool,), "str": (str,)}
+
+
+def _typed(field: str, annotation: str, value: Any) -> Any:
+    """value checked against the field's annotation: a wrong type fails here, naming the field,
+    instead of deep in the run (a float budget bucket, a string learning rate)."""
+    def scalar(kind: str, v: Any) -> Any:
+        ok = isinstance(v, _SCALARS[kind]) and (kind == "bool" or not isinstance(v, bool))
+        if not ok:
+            raise ConfigError(f"{field}: expected {kind}, got {type(v).__name__} {v!r}")
+        return float(v) if kind == "float" else v
+
+    if annotation in _SCALARS:
+        return scalar(annotation, value)
+    if annotation.startswith("tuple[") and annotation.endswith(", ...]"):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{field}: expected {annotation}, got {type(value).__name__} "
+                              f"{value!r}")
+        return tuple(scalar(annotation[len("tuple["):-len(", ...]")], v) for v in value)
+    raise TypeError(f"{field}: no type check for the annotation {annotation!r}")
 
 
 def _require(cond: bool, field: str, message: str) -> None:
@@ -180,6 +200,9 @@ def _tokenizer_vocab(kind: str) -> int:
 def validate(cfg: Config, device_count: int | None = None) -> None:
     """Check every field and combination; raise ConfigError naming the field."""
     m, a, d, mesh = cfg.model, cfg.attention, cfg.data, cfg.mesh
+    for field in ("vocab_size", "num_layers", "d_model", "num_heads", "num_kv_heads", "head_dim",
+                  "mlp_dim", "rope_theta", "rms_eps"):
+        _require(getattr(m, field) > 0, f"model.{field}", f"{getattr(m, field)} must be positive")
     _require(m.num_heads % m.num_kv_heads == 0, "model.num_heads",
              f"{m.num_heads} is not a multiple of model.num_kv_heads={m.num_kv_heads}")
     for field in ("param_dtype", "compute_dtype"):
@@ -238,6 +261,12 @@ def validate(cfg: Config, device_count: int | None = None) -> None:
              "source weights (text/synthetic/jsonl) must be >= 0 and not all zero")
     _require(d.jsonl_weight == 0 or len(d.jsonl_paths) > 0, "data.jsonl_paths",
              "data.jsonl_weight > 0 needs at least one path")
+    _require(d.jsonl_weight > 0 or not d.jsonl_paths, "data.jsonl_weight",
+             f"is 0, so data.jsonl_paths {d.jsonl_paths} would never be read; give the jsonl "
+             f"source a weight > 0 or leave the paths empty")
+    _require(d.seed >= 0, "data.seed", f"{d.seed} must be >= 0")
+    _require(d.max_bad_lines >= 0, "data.max_bad_lines", f"{d.max_bad_lines} must be >= 0")
+    _require(d.length_scale > 0, "data.length_scale", f"{d.length_scale} must be positive")
     _require(d.rows_per_micro_batch > 0 and d.micro_batches > 0, "data.rows_per_micro_batch",
              "rows per micro-batch and micro-batches must be positive")
     _require(d.window >= 1, "data.window", "must be >= 1")
@@ -269,8 +298,23 @@ def validate(cfg: Config, device_count: int | None = None) -> None:
     _require(not cfg.balance.shard_timing or mesh.fsdp * mesh.tensor == 1, "balance.shard_timing",
              f"times each data shard on its own device, so it needs mesh.fsdp = mesh.tensor = 1 "
              f"(got {mesh.fsdp} x {mesh.tensor}); set --config.balance.shard_timing=False")
+    o = cfg.optimizer
+    _require(0 < o.learning_rate < float("inf"), "optimizer.learning_rate",
+             f"{o.learning_rate} must be positive and finite")
+    _require(0.0 <= o.min_lr_ratio <= 1.0, "optimizer.min_lr_ratio",
+             f"{o.min_lr_ratio} must be in [0, 1]")
+    _require(o.weight_decay >= 0, "optimizer.weight_decay", f"{o.weight_decay} must be >= 0")
+    for field in ("b1", "b2"):
+        _require(0.0 <= getattr(o, field) < 1.0, f"optimizer.{field}",
+                 f"{getattr(o, field)} must be in [0, 1)")
+    _require(o.eps > 0, "optimizer.eps", f"{o.eps} must be positive")
+    _require(0 < o.grad_clip_norm < float("inf"), "optimizer.grad_clip_norm",
+             f"{o.grad_clip_norm} must be positive and finite (gradients are clipped to this "
+             f"global norm)")
     t = cfg.train
     _require(t.num_steps > 0, "train.num_steps", "must be positive")
+    _require(t.seed >= 0, "train.seed", f"{t.seed} must be >= 0")
+    _require(bool(t.workdir.strip()), "train.workdir", "must name a directory")
     _require(t.log_every > 0, "train.log_every", "must be positive")
     _require(0 <= cfg.optimizer.warmup_steps < t.num_steps, "optimizer.warmup_steps",
              f"{cfg.optimizer.warmup_steps} must be in [0, train.num_steps={t.num_steps})")

@@ -39,6 +39,16 @@ def test_presets_are_valid():
     (dict(train__log_every=0), "train.log_every"),
     (dict(attention__layer_budget_scale=(1.0, 1.0, 1.0, 1.5)), "attention.layer_budget_scale"),
     (dict(balance__dst=True, attention__implementation="reference"), "balance.dst"),
+    (dict(model__num_layers=0), "model.num_layers"),
+    (dict(model__num_kv_heads=0), "model.num_kv_heads"),
+    (dict(optimizer__grad_clip_norm=0.0), "optimizer.grad_clip_norm"),
+    (dict(optimizer__learning_rate=float("nan")), "optimizer.learning_rate"),
+    (dict(optimizer__b2=1.0), "optimizer.b2"),
+    (dict(optimizer__min_lr_ratio=5.0), "optimizer.min_lr_ratio"),
+    (dict(optimizer__eps=0.0), "optimizer.eps"),
+    (dict(data__seed=-1), "data.seed"),
+    (dict(train__workdir=" "), "train.workdir"),
+    (dict(data__jsonl_paths=("/tmp/never_read.jsonl",)), "data.jsonl_weight"),
 ])
 def test_invalid_field_is_named(changes, field):
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
@@ -80,3 +90,19 @@ def test_unknown_field_is_named():
     raw.model.num_experts = 4
     with pytest.raises(ConfigError, match=r"model: unknown field\(s\) \['num_experts'\]"):
         from_config_dict(raw)
+
+
+def test_wrong_type_is_named():
+    """A value of the wrong type fails at start naming the field, not inside the run (a
+    float budget bucket once failed in the tuner's bucket rule)."""
+    raw = get_config("cpu").to_dict()
+    raw["attention"]["budget_buckets"] = (4.5, 8)
+    with pytest.raises(ConfigError, match=r"attention\.budget_buckets: expected int, got float"):
+        from_config_dict(raw)
+    raw = get_config("cpu").to_dict()
+    raw["model"]["remat"] = 1
+    with pytest.raises(ConfigError, match=r"model\.remat: expected bool, got int"):
+        from_config_dict(raw)
+    raw = get_config("cpu").to_dict()
+    raw["optimizer"]["learning_rate"] = 1  # an int where a float is asked: taken as 1.0
+    assert from_config_dict(raw, device_count=2).optimizer.learning_rate == 1.0
