@@ -8,6 +8,7 @@ start with a message naming the field instead of deep inside a jitted step.
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Any, Mapping
 
 # The owning modules' tables of valid names: one list each, checked here at start.
@@ -117,6 +118,7 @@ class TrainConfig:
     checkpoint_every: int
     checkpoint_keep: int
     log_every: int
+    resume_with_changes: bool
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,6 +143,33 @@ class Config:
         largest per-layer budget (the base budget times the largest layer scale)."""
         need = max_layer_budget(self.attention.budget, self.attention.layer_budget_scale)
         return min(b for b in self.attention.budget_buckets if b >= need)
+
+
+# Fields a resumed run may change without train.resume_with_changes: they touch only how often
+# the run logs and saves, not what it computes.
+RESUMABLE_CHANGES = ("train.log_every", "train.checkpoint_every", "train.checkpoint_keep",
+                     "train.resume_with_changes")
+
+
+def config_changes(saved: Mapping[str, Any], cfg: Config) -> list[str]:
+    """'field: saved -> now' for each field of `cfg` that differs from `saved` (a config as
+    `config_record` wrote it), those in RESUMABLE_CHANGES left out."""
+    def flat(tree, prefix=""):
+        for key, value in tree.items():
+            if isinstance(value, Mapping):
+                yield from flat(value, f"{prefix}{key}.")
+            else:
+                yield f"{prefix}{key}", value
+
+    old, new = dict(flat(saved)), dict(flat(config_record(cfg)))
+    return [f"{k}: {old.get(k, '(absent)')!r} -> {new.get(k, '(absent)')!r}"
+            for k in sorted(set(old) | set(new))
+            if old.get(k) != new.get(k) and k not in RESUMABLE_CHANGES]
+
+
+def config_record(cfg: Config) -> dict[str, Any]:
+    """The config as plain JSON values (tuples as lists), as a work directory records it."""
+    return json.loads(json.dumps(dataclasses.asdict(cfg)))
 
 
 def max_layer_budget(budget: int, layer_budget_scale: tuple[float, ...]) -> int:

@@ -1,5 +1,6 @@
 """Kill -9 after a checkpoint, rerun: the resumed losses equal an uninterrupted run's."""
 
+import json
 import os
 import signal
 import subprocess
@@ -77,3 +78,44 @@ def test_diverging_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
     assert proc.returncode != 0
     assert "TrainingDivergedError" in err and "at step 2; stopping" in err, err[-2000:]
     assert sorted(os.listdir(tmp_path / "run" / "checkpoints")) == ["1"]
+
+
+@pytest.mark.slow
+def test_resume_with_another_config_stops_naming_the_fields(tmp_path):
+    """The work directory records its config (run.json); a rerun with a changed field stops
+    before restoring, naming it, unless train.resume_with_changes; logging options may change."""
+    run = tmp_path / "run"
+    two = ["--config.train.num_steps=2", "--config.train.checkpoint_every=1",
+           "--config.optimizer.warmup_steps=0"]
+    _finish(_train(run, *DENSE, *two))
+    three = ["--config.train.num_steps=3", "--config.train.checkpoint_every=1",
+             "--config.optimizer.warmup_steps=0", "--config.optimizer.learning_rate=0.5",
+             "--config.data.batcher=lbb"]
+    proc = _train(run, *DENSE, *three)
+    _, err = proc.communicate(timeout=600)
+    assert proc.returncode != 0
+    assert "train.resume_with_changes" in err and "optimizer.learning_rate" in err \
+        and "data.batcher" in err and "train.num_steps: 2 -> 3" in err, err[-2000:]
+    assert sorted(read_metrics(str(run))) == [1, 2]  # nothing trained, nothing written
+    _finish(_train(run, *DENSE, *three, "--config.train.resume_with_changes=True",
+                   "--config.train.log_every=1"))
+    assert sorted(read_metrics(str(run))) == [1, 2, 3]
+    # run.json now holds the new config: the same command resumes without the flag.
+    _finish(_train(run, *DENSE, *three))
+
+
+@pytest.mark.slow
+def test_cropped_jsonl_records_are_counted_in_the_metrics(tmp_path):
+    """Records longer than data.max_doc_len are cropped, and the training metrics count them."""
+    path = tmp_path / "long.jsonl"
+    with open(path, "w") as f:
+        for i in range(8):
+            f.write(json.dumps({"messages": [
+                {"role": "user", "content": f"record {i}: " + "context " * 80 + "question?"},
+                {"role": "assistant", "content": "answer"}]}) + "\n")
+    run = tmp_path / "run"
+    _finish(_train(run, *DENSE, "--config.train.num_steps=1", "--config.train.checkpoint_every=1",
+                   "--config.optimizer.warmup_steps=0", "--config.data.text_weight=0.0",
+                   "--config.data.jsonl_weight=1.0", f"--config.data.jsonl_paths=('{path}',)"))
+    (row,) = read_metrics(str(run)).values()
+    assert row["cropped_docs"] >= 1 and row["cropped_tokens"] >= 400, row

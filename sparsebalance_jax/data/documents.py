@@ -79,7 +79,12 @@ class CropCounter:
         with self._lock:
             self.count += 1
             self.tokens_removed += length - max_len
-        logging.info("cropped %s from %d to %d tokens (keeping the tail)", where, length, max_len)
+            first = self.count == 1
+        # The first crop is a warning (the data holds documents longer than max_doc_len); the
+        # rest are counted (the training metrics' cropped_docs) and logged at INFO.
+        (logging.warning if first else logging.info)(
+            "cropped %s from %d to %d tokens (keeping the tail)%s", where, length, max_len,
+            "; further crops are counted (cropped_docs, cropped_tokens)" if first else "")
 
 
 def crop_document(doc: Document, max_len: int, counter: CropCounter | None = None,

@@ -2,16 +2,23 @@
 
 A rerun with the same work directory restores the newest checkpoint and continues with the
 same data order. Saves are synchronous at step boundaries so a kill never leaves a half-written
-step directory registered as complete (orbax writes to a temporary name and renames).
+step directory registered as complete (orbax writes to a temporary name and renames). The work
+directory also records the config that writes its checkpoints (run.json), and a resume with
+another config stops naming the changed fields (check_run_config).
 """
 
 from __future__ import annotations
 
+import json
 import os
 
 import grain
 import jax
 import orbax.checkpoint as ocp
+
+from sparsebalance_jax.config import Config, ConfigError, config_changes, config_record
+
+RUN_CONFIG = "run.json"
 
 
 def make_manager(workdir: str, *, every: int, keep: int) -> ocp.CheckpointManager:
@@ -44,3 +51,31 @@ def restore_latest(manager: ocp.CheckpointManager, abstract_state, data_iterator
         data=grain.checkpoint.CheckpointRestore(data_iterator),
         tuner=ocp.args.JsonRestore()))
     return step, restored["state"], restored["tuner"]
+
+
+def check_run_config(workdir: str, cfg: Config, *, resuming: bool, write: bool) -> list[str]:
+    """Compares `cfg` with the config recorded in `workdir` when resuming from its checkpoints
+    and raises ConfigError naming every changed field (config.config_changes), unless
+    cfg.train.resume_with_changes; then records `cfg` there (write: this process writes, one per
+    job), atomically. Returns the changes let through. A work directory from before run.json
+    existed is resumed with a note that its config could not be compared."""
+    path = os.path.join(workdir, RUN_CONFIG)
+    changes: list[str] = []
+    if resuming and not os.path.exists(path):
+        print(f"note: {workdir} has no {RUN_CONFIG}; the config its checkpoints were written "
+              "with cannot be compared with this one", flush=True)
+    elif resuming:
+        with open(path) as f:
+            changes = config_changes(json.load(f), cfg)
+        if changes and not cfg.train.resume_with_changes:
+            raise ConfigError(
+                f"train.resume_with_changes: the checkpoints in {workdir} were written with "
+                f"another config ({path}); changed: " + "; ".join(changes) + ". Use another "
+                "train.workdir, or --config.train.resume_with_changes=True to continue with "
+                "the new values")
+    if write:
+        os.makedirs(workdir, exist_ok=True)
+        with open(path + ".tmp", "w") as f:
+            json.dump(config_record(cfg), f, indent=1)
+        os.replace(path + ".tmp", path)
+    return changes

@@ -49,7 +49,9 @@ def latency_model(cfg: Config):
                                       device_kind=jax.devices()[0].device_kind)
 
 
-def data_iterator(cfg: Config, cost_model):
+def data_iterator(cfg: Config, cost_model, crop_counter=None):
+    """The training pipeline's iterator; documents cropped to data.max_doc_len are counted in
+    `crop_counter` (a data.documents.CropCounter) where one is given."""
     from sparsebalance_jax.data.pipeline import train_iterator
 
     d = cfg.data
@@ -58,7 +60,7 @@ def data_iterator(cfg: Config, cost_model):
         rows_per_micro_batch=d.rows_per_micro_batch, row_len=d.seq_len,
         block_size=cfg.attention.block_size, base_budget=cfg.attention.budget,
         batcher=d.batcher, shard_index=jax.process_index(), shard_count=jax.process_count(),
-        window=d.window, cost_model=cost_model)
+        window=d.window, cost_model=cost_model, crop_counter=crop_counter)
 
 
 def coverage_probe(cfg: Config, model):
@@ -128,4 +130,8 @@ def run(raw) -> dict:
     check_attention_runs_here(cfg)
     print(describe(cfg), flush=True)
     cost_model = latency_model(cfg)
-    return train(cfg, data_iterator(cfg, cost_model), make_balancer(cfg, cost_model))
+    from sparsebalance_jax.data.documents import CropCounter
+
+    crops = CropCounter()
+    return train(cfg, data_iterator(cfg, cost_model, crops), make_balancer(cfg, cost_model),
+                 crop_counter=crops)

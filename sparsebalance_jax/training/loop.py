@@ -56,12 +56,23 @@ def shard_time_scalars(shard_seconds) -> dict[str, float]:
     return out
 
 
-def train(cfg: Config, data_iterator, balancer, *, show_progress: bool = True) -> dict:
+def crop_scalars(counter) -> dict[str, float]:
+    """The crop counter's totals, when the data pipeline counts its crops."""
+    if counter is None:
+        return {}
+    return dict(cropped_docs=float(counter.count), cropped_tokens=float(counter.tokens_removed))
+
+
+def train(cfg: Config, data_iterator, balancer, *, show_progress: bool = True,
+          crop_counter=None) -> dict:
     """Runs (or resumes) training to `cfg.train.num_steps`; returns the final metrics.
 
     `data_iterator` yields step batches in the pipeline layout ([S, M, R, T]);
     `balancer` turns each into per-row budgets and the static bucket (see
-    `sparsebalance_jax.balance`), and records what it measured.
+    `sparsebalance_jax.balance`), and records what it measured. `crop_counter` (the
+    data.documents.CropCounter the iterator counts crops in): its totals go into every metrics
+    row as cropped_docs / cropped_tokens (documents this process has read so far, prefetched
+    ones included; from zero again after a resume).
     """
     mesh = make_mesh(cfg.mesh)
     model = Transformer(cfg.model, cfg.attention, cfg.k_max)
@@ -72,11 +83,18 @@ def train(cfg: Config, data_iterator, balancer, *, show_progress: bool = True) -
     manager = checkpoint.make_manager(cfg.train.workdir, every=cfg.train.checkpoint_every,
                                       keep=cfg.train.checkpoint_keep)
     start = 0
+    # Before the restore: a checkpoint of another config may not even restore into this state.
+    changes = checkpoint.check_run_config(cfg.train.workdir, cfg,
+                                          resuming=manager.latest_step() is not None,
+                                          write=jax.process_index() == 0)
     restored = checkpoint.restore_latest(manager, state, data_iterator)
     if restored is not None:
         start, state, tuner_state = restored
         balancer.set_state(tuner_state)
-        print(f"resumed from step {start}")
+        print(f"resumed from step {start}" + "".join(f"\n  changed {c}" for c in changes))
+        if start >= cfg.train.num_steps:
+            print(f"nothing to train: the newest checkpoint is at step {start}, "
+                  f"train.num_steps is {cfg.train.num_steps}", flush=True)
     logger = MetricsLogger(cfg.train.workdir, enabled=jax.process_index() == 0)
     schedule = learning_rate_schedule(cfg.optimizer, cfg.train.num_steps)
     row_tokens = cfg.num_data_shards * cfg.data.micro_batches * cfg.data.rows_per_micro_batch * \
@@ -109,7 +127,7 @@ def train(cfg: Config, data_iterator, balancer, *, show_progress: bool = True) -
                         learning_rate=float(schedule(step)), step_time_s=seconds,
                         tokens_per_s=row_tokens / seconds, trained_tokens=float(metrics["tokens"]),
                         compiles=steps.compiles, **decision.scalars(),
-                        **shard_time_scalars(shard_seconds))
+                        **shard_time_scalars(shard_seconds), **crop_scalars(crop_counter))
             logger.write(step + 1, last, tensorboard=(step + 1) % cfg.train.log_every == 0)
             bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{last['tokens_per_s']:.0f}")
             bar.update(1)
