@@ -34,13 +34,15 @@ def _train(workdir, *extra, **popen):
     # the first run's executables instead of compiling them again (about a third of the time).
     env = dict(os.environ, XLA_FLAGS=xla_flags(), JAX_PLATFORMS="cpu",
                JAX_COMPILATION_CACHE_DIR=str(workdir.parent / "jax_cache"))
-    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, **popen)
 
 
-def _finish(proc, timeout=600):
-    _, err = proc.communicate(timeout=timeout)
+def _finish(proc, timeout=600) -> str:
+    """Waits for a run that must succeed; returns its stdout."""
+    out, err = proc.communicate(timeout=timeout)
     assert proc.returncode == 0, err[-3000:]
+    return out
 
 
 @pytest.mark.slow
@@ -60,7 +62,8 @@ def test_kill_and_resume_matches_uninterrupted(tmp_path, attention):
     proc.wait()
     assert len(read_metrics(str(killed))) < STEPS, "the run finished before the kill"
 
-    _finish(_train(killed, *attention))
+    # It resumed (a restart from scratch would log the same deterministic losses).
+    assert f"resumed from step {2 * EVERY}" in _finish(_train(killed, *attention))
     want, got = read_metrics(str(straight)), read_metrics(str(killed))
     assert sorted(want) == sorted(got) == list(range(1, STEPS + 1))
     for step in want:
