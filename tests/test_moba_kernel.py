@@ -46,16 +46,19 @@ def run_both(q, k, v, do, seg, budget, block_size, k_max, bs=SMALL, interpret=Tr
   return got, both(ref)(q, k, v)
 
 
-@pytest.mark.parametrize("dtype, hq, hkv, bs", [
-    (jnp.float32, 2, 2, SMALL), (jnp.float32, 7, 1, SMALL), (jnp.bfloat16, 4, 2, SMALL),
-    (jnp.float32, 2, 1, dataclasses.replace(SMALL, skip_full_masks=True))],
-    ids=["f32-1", "f32-7", "bf16-2", "f32-2-skip_full_masks"])
-def test_values_and_gradients_match_reference(dtype, hq, hkv, bs):
+# aligned: documents packed at block starts (the training pipeline's packing), else anywhere,
+# so that blocks hold the end of one document and the start of the next.
+@pytest.mark.parametrize("dtype, hq, hkv, bs, aligned", [
+    (jnp.float32, 2, 2, SMALL, False), (jnp.float32, 7, 1, SMALL, True),
+    (jnp.bfloat16, 4, 2, SMALL, False),
+    (jnp.float32, 2, 1, dataclasses.replace(SMALL, skip_full_masks=True), None)],
+    ids=["f32-1-unaligned", "f32-7-aligned", "bf16-2-unaligned", "f32-2-skip_full_masks"])
+def test_values_and_gradients_match_reference(dtype, hq, hkv, bs, aligned):
   rng = np.random.default_rng()
   # Two key tiles per block: exercises the causal tile bound and the dk/dv chunk skip.
   b, t, block_size, k_max = 3, 192, 32, 3
   q, k, v, do = make_inputs(rng, b, t, hq, hkv, 16, dtype)
-  seg = packed_segments(rng, b, t, block_size, aligned=bool(rng.integers(2)))
+  seg = packed_segments(rng, b, t, block_size, aligned=bool(aligned))
   if bs.skip_full_masks:  # long documents: most chunks are full (test_moba_gate checks which)
     seg = jnp.asarray([[1] * 150 + [0] * 42, [1] * 100 + [2] * 92, [3] * 192])
   budget = jnp.asarray(rng.integers(1, k_max + 1, size=b), jnp.int32)  # ragged
@@ -74,7 +77,9 @@ def test_no_leakage_across_documents():
   rng = np.random.default_rng()
   t, block_size = 128, 32
   q, k, v, _ = make_inputs(rng, 1, t, 2, 1, 16, jnp.float32)
-  seg = jnp.asarray([[1] * 70 + [0] * 26 + [2] * 32], jnp.int32)
+  # Document 2 starts inside block 2 (tokens 64..95), beside document 1's last tokens, and is
+  # followed by padding: only the same-document mask keeps document 1 out of its own block.
+  seg = jnp.asarray([[1] * 70 + [2] * 40 + [0] * 18], jnp.int32)
   budget = jnp.asarray([4], jnp.int32)
 
   def doc2_out(q, k, v):
