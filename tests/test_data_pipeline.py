@@ -183,7 +183,8 @@ def test_process_shards_are_slices_of_the_global_step(sequential_batcher):
 
 
 def test_real_lbb_batcher_resumes_identically():
-    latency = pytest.importorskip("sparsebalance_jax.balance.latency")
+    from sparsebalance_jax.balance import latency
+
     shape = latency.LayerShape(d_model=64, num_heads=4, num_kv_heads=2, head_dim=16, mlp_dim=128,
                                block_size=32)
     kw = dict(GEOMETRY, batcher="lbb", window=2, cost_model=latency.AnalyticLatencyModel(shape))

@@ -21,7 +21,7 @@ MESHES = [(1, 1, 1), (8, 1, 1), (2, 2, 2), (1, 4, 2), (4, 1, 2)]
 
 
 def _batch(rng, micro_batches=2, rows=8, seq_len=64):
-    tokens, seg, pos = packed_inputs(rng, micro_batches * rows, seq_len, [0, 16, 48])
+    tokens, seg, pos = packed_inputs(rng, micro_batches * rows, seq_len, [0, 20, 50])
     shape = (micro_batches, rows, seq_len)
     return dict(inputs=np.asarray(tokens).reshape(shape),
                 targets=np.roll(np.asarray(tokens), -1, axis=1).reshape(shape),
@@ -52,11 +52,15 @@ def _one_step(cfg, mesh_shape, batch):
     return float(metrics["loss"]), float(metrics["grad_norm"]), update
 
 
-def test_loss_and_update_agree_across_meshes():
-    cfg = tiny_config()
+# MoBA (interpret mode) on the meshes that split the heads over `tensor` and the batch over
+# both batch axes: its kernels run under shard_map with per-row budgets.
+@pytest.mark.parametrize("implementation, meshes", [("reference", MESHES),
+                                                    ("moba", [MESHES[0], (2, 2, 2), (4, 1, 2)])])
+def test_loss_and_update_agree_across_meshes(implementation, meshes):
+    cfg = tiny_config(implementation)
     batch = _batch(np.random.default_rng())
-    ref_loss, ref_norm, ref_update = _one_step(cfg, MESHES[0], batch)
-    for mesh_shape in MESHES[1:]:
+    ref_loss, ref_norm, ref_update = _one_step(cfg, meshes[0], batch)
+    for mesh_shape in meshes[1:]:
         loss, norm, update = _one_step(cfg, mesh_shape, batch)
         np.testing.assert_allclose(loss, ref_loss, **F32, err_msg=str(mesh_shape))
         np.testing.assert_allclose(norm, ref_norm, **F32, err_msg=str(mesh_shape))
