@@ -36,6 +36,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from sparsebalance_jax.jsonfile import write_json
+
 PROFILE_COMMAND = "python -m experiments.profile_latency --config=configs/longbench.py"
 
 
@@ -245,8 +247,7 @@ def table_path(table_dir: str, device_kind: str, shape: LayerShape) -> str:
 def save_table(table_dir: str, table: LatencyTable) -> str:
     path = table_path(table_dir, table.device_kind, table.shape)
     os.makedirs(table_dir, exist_ok=True)
-    with open(path, "w") as f:
-        json.dump(table.to_json_dict(), f, indent=1)
+    write_json(path, table.to_json_dict(), indent=1)
     return path
 
 

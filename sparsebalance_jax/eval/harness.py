@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import json
 from typing import Any, Callable, Sequence
 
 import jax
@@ -39,6 +38,7 @@ import numpy as np
 
 from sparsebalance_jax.data.tokenizer import Tokenizer
 from sparsebalance_jax.eval import longbench, metrics, suite
+from sparsebalance_jax.jsonfile import write_json as write_json_file
 
 MODES = ("teacher_forced", "greedy")
 TF_METRIC = "exact match of greedy argmax over answer+EOS under teacher forcing (x100)"
@@ -311,8 +311,7 @@ def write_json(path: str, *, settings: EvalSettings, rows: Sequence[dict],
               "first line (x100); LongBench: the task's LongBench metric (x100)")
     payload = {"settings": dataclasses.asdict(settings), "metric": metric, **meta,
                "rows": list(rows), "examples": [dataclasses.asdict(r) for r in results]}
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(payload, f, indent=1, ensure_ascii=False)
+    write_json_file(path, payload, indent=1, ensure_ascii=False)
 
 
 def restore_params(cfg, workdir: str, step: int | None = None) -> tuple[int, Any]:

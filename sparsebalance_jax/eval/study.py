@@ -25,6 +25,7 @@ from typing import Sequence
 
 import numpy as np
 
+from sparsebalance_jax.jsonfile import write_json
 from sparsebalance_jax.training.metrics import read_metrics
 
 CONFIG = "configs/accuracy_study.py"
@@ -214,8 +215,7 @@ def write_results(out_dir: str, results: Sequence[dict], meta: dict) -> tuple[st
     summary = summarize_arms(results)
     json_path = os.path.join(out_dir, "study.json")
     md_path = os.path.join(out_dir, "study.md")
-    with open(json_path, "w") as f:
-        json.dump({**meta, "arms": results, "summary": summary}, f, indent=1)
+    write_json(json_path, {**meta, "arms": results, "summary": summary}, indent=1)
     with open(md_path, "w") as f:
         f.write(format_markdown(results, summary))
     return json_path, md_path

@@ -11,7 +11,6 @@ data x fsdp divides, so step times compare like with like. The step itself is th
 from __future__ import annotations
 
 import dataclasses
-import json
 import multiprocessing
 import os
 import statistics
@@ -23,6 +22,7 @@ import numpy as np
 
 from sparsebalance_jax.config import (Config, ConfigError, MeshConfig, check_attention_runs_here,
                                       from_config_dict)
+from sparsebalance_jax.jsonfile import write_json
 
 # Tracing, lowering and XLA compilation: together, what a first call pays on top of running.
 COMPILE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration",
@@ -228,6 +228,5 @@ def write_results(out_dir: str, results: Sequence[MeshResult], meta: Mapping[str
     md_path, json_path = os.path.join(out_dir, "meshes.md"), os.path.join(out_dir, "meshes.json")
     with open(md_path, "w") as f:
         f.write(to_markdown(results, title))
-    with open(json_path, "w") as f:
-        json.dump(dict(meta, results=[dataclasses.asdict(r) for r in results]), f, indent=1)
+    write_json(json_path, dict(meta, results=[dataclasses.asdict(r) for r in results]), indent=1)
     return md_path, json_path

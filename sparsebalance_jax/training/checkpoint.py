@@ -17,6 +17,7 @@ import jax
 import orbax.checkpoint as ocp
 
 from sparsebalance_jax.config import Config, ConfigError, config_changes, config_record
+from sparsebalance_jax.jsonfile import write_json
 
 RUN_CONFIG = "run.json"
 
@@ -75,7 +76,5 @@ def check_run_config(workdir: str, cfg: Config, *, resuming: bool, write: bool) 
                 "the new values")
     if write:
         os.makedirs(workdir, exist_ok=True)
-        with open(path + ".tmp", "w") as f:
-            json.dump(config_record(cfg), f, indent=1)
-        os.replace(path + ".tmp", path)
+        write_json(path, config_record(cfg), indent=1)
     return changes
