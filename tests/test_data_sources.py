@@ -137,6 +137,18 @@ def test_malformed_jsonl_lines_reported_with_line_numbers_and_limit(tmp_path, ca
         JsonlIndex([path], max_bad_lines=2)
 
 
+def test_every_jsonl_file_must_give_records(tmp_path):
+    good = _write_jsonl(tmp_path / "good.jsonl", GOOD)
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    blank_answer = _write_jsonl(tmp_path / "blank_answer.jsonl", [json.dumps(
+        {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "  "}]})])
+    with pytest.raises(MalformedDataError, match=rf"{empty}: no usable records"):
+        JsonlIndex([good, str(empty)])
+    with pytest.raises(MalformedDataError, match=rf"{blank_answer}: no usable records"):
+        JsonlIndex([good, blank_answer], max_bad_lines=1)
+
+
 def test_parse_record_rejects_unknown_layout():
     with pytest.raises(ValueError, match="unrecognised layout"):
         parse_record({"text": "x"})

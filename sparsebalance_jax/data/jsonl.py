@@ -91,7 +91,7 @@ def parse_record(obj: Any) -> Turns:
     else:
         raise RecordError(f"unrecognised layout with keys {sorted(obj)[:8]}; expected "
                           "'messages', 'question'+'answer' or 'input'+'output'")
-    if not any(role == "assistant" and content for role, content in turns):
+    if not any(role == "assistant" and content.strip() for role, content in turns):
         raise RecordError("no non-empty assistant turn to train on")
     return turns
 
@@ -110,6 +110,7 @@ class JsonlIndex:
         self.bad_lines: list[tuple[str, int, str]] = []
         file_ids, offsets, sizes = [], [], []
         for file_id, path in enumerate(self.paths):
+            before = len(offsets)
             with open(path, "rb") as f:
                 offset = 0
                 for line_number, line in enumerate(f, start=1):
@@ -121,9 +122,12 @@ class JsonlIndex:
                     elif reason != "blank":
                         self._report(path, line_number, reason, max_bad_lines)
                     offset += len(line)
-        if not offsets:
-            raise MalformedDataError(f"no usable records in {list(self.paths)} "
-                                     f"({len(self.bad_lines)} malformed lines)")
+            # Each file must give records: an empty or wrong file among good ones is a mistake
+            # in the paths, not data to train around.
+            if len(offsets) == before:
+                raise MalformedDataError(
+                    f"{path}: no usable records ({sum(p == path for p, _, _ in self.bad_lines)} "
+                    f"malformed lines, the rest blank)")
         self._file_ids = np.asarray(file_ids, np.int32)
         self._offsets = np.asarray(offsets, np.int64)
         self._sizes = np.asarray(sizes, np.int64)
