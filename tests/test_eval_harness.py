@@ -167,6 +167,7 @@ def test_restore_params_roundtrip(tmp_path):
         harness.restore_params(cfg, str(tmp_path), step=9)
     with pytest.raises(FileNotFoundError, match="no checkpoint under"):
         harness.restore_params(cfg, str(tmp_path / "empty"))
+    assert not (tmp_path / "empty").exists()  # a mistyped path is not created
 
 
 def test_summary_table_and_json(tmp_path):

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import os
 from typing import Any, Callable, Sequence
 
 import jax
@@ -337,8 +338,11 @@ def restore_params(cfg, workdir: str, step: int | None = None) -> tuple[int, Any
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype,
                                        sharding=jax.sharding.SingleDeviceSharding(device)),
         jax.eval_shape(init, jax.random.key(0)))
+    folder = os.path.abspath(os.path.join(workdir, "checkpoints"))
+    if not os.path.isdir(folder):  # a mistyped path is reported, not created
+        raise FileNotFoundError(f"no checkpoint under {folder}")
     manager = checkpoint.make_manager(workdir, every=cfg.train.checkpoint_every,
-                                      keep=cfg.train.checkpoint_keep)
+                                      keep=cfg.train.checkpoint_keep, create=False)
     available = manager.all_steps()
     if not available:
         raise FileNotFoundError(f"no checkpoint under {manager.directory}")

@@ -22,9 +22,11 @@ from sparsebalance_jax.jsonfile import write_json
 RUN_CONFIG = "run.json"
 
 
-def make_manager(workdir: str, *, every: int, keep: int) -> ocp.CheckpointManager:
+def make_manager(workdir: str, *, every: int, keep: int,
+                 create: bool = True) -> ocp.CheckpointManager:
+    """create=False: for reading only; the checkpoints folder must exist (it is not made)."""
     options = ocp.CheckpointManagerOptions(max_to_keep=keep, save_interval_steps=every,
-                                           enable_async_checkpointing=False)
+                                           enable_async_checkpointing=False, create=create)
     return ocp.CheckpointManager(
         os.path.abspath(os.path.join(workdir, "checkpoints")), options=options,
         item_names=("state", "data", "tuner"),
