@@ -13,7 +13,7 @@ import pytest
 
 from pallas_kernels.moba import MobaBlockSizes, build_kv_layout, hopper, kernels, moba_gate
 from tests.test_moba_gate import packed_segments
-from tests.test_moba_kernel import TOL, make_inputs, rel_err, run_both
+from tests.test_moba_kernel import assert_close, make_inputs, rel_err, run_both
 
 HOPPER = MobaBlockSizes(block_rows=64, block_k=64, block_k_dkv=64)
 
@@ -416,8 +416,7 @@ def test_attention_with_mosaic_kernels_matches_reference():
   budget = jnp.asarray(rng.integers(1, k_max + 1, size=b), jnp.int32)
   got, want = run_both(q, k, v, do, seg, budget, block_size, k_max, bs=HOPPER,
                        backend="mosaic")
-  for name, g, w in zip(("out", "dq", "dk", "dv"), got, want):
-    assert rel_err(g, w) < TOL[jnp.bfloat16], (name, rel_err(g, w))
+  assert_close(got, want, jnp.bfloat16)
   pad = np.asarray(seg) == 0
   assert np.all(np.asarray(got[0], np.float32)[pad] == 0)
 
@@ -518,13 +517,14 @@ def test_gpu_compiled_mosaic_kernels_match_reference():
   b, t, block_size, k_max = 2, 2048, 256, 4
   for hq, hkv, d in ((14, 2, 64), (4, 4, 128)):  # 7 heads a group: halves cut tokens
     q, k, v, do = make_inputs(rng, b, t, hq, hkv, d, jnp.bfloat16)
-    seg = packed_segments(rng, b, t, block_size, aligned=True)
+    # Documents anywhere (blocks shared by two documents): the same-document masks are tested.
+    seg = packed_segments(rng, b, t, block_size, aligned=False)
     budget = jnp.asarray([2, 4], jnp.int32)
     got, want = run_both(q, k, v, do, seg, budget, block_size, k_max,
                          bs=MobaBlockSizes(block_k=128), interpret=False,
                          backend="mosaic")
-    for name, g, w in zip(("out", "dq", "dk", "dv"), got, want):
-      assert rel_err(g, w) < TOL[jnp.bfloat16], (hq, hkv, d, name, rel_err(g, w))
+    assert_close(got, want, jnp.bfloat16, names=[f"{n} at {hq}/{hkv} x {d}"
+                                                 for n in ("out", "dq", "dk", "dv")])
 
 
 @pytest.mark.parametrize("kernel, hq, hkv, d, block_size, stages, fits", [

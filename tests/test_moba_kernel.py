@@ -12,8 +12,10 @@ from pallas_kernels.moba import (MobaBlockSizes, build_kv_layout, kernels, moba_
                                  moba_gate, moba_reference)
 from tests.test_moba_gate import packed_segments
 
-# Relative L2 error bounds, fixed per dtype (bf16: operands rounded to 8 bits).
+# Relative L2 error bounds, fixed per dtype (bf16: operands rounded to 8 bits): over the whole
+# tensor (TOL) and for the worst (token, head) row against the reference's RMS row (ROW_TOL).
 TOL = {jnp.float32: 1e-5, jnp.bfloat16: 2e-2}
+ROW_TOL = {jnp.float32: 1e-4, jnp.bfloat16: 8e-2}
 # Masks everywhere (the default's choice at head_dim > 64); the skipping path has its own cases.
 SMALL = MobaBlockSizes(block_rows=16, block_k=16, block_k_dkv=16, skip_full_masks=False)
 
@@ -22,6 +24,25 @@ def rel_err(a, b):
   a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
   assert np.all(np.isfinite(a)), "non-finite values"
   return np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30)
+
+
+def row_err(a, b):
+  """The largest error of one row (last axis: a token's head) over the RMS norm of the
+  reference's rows: a wrong or zeroed token shows here, where the whole tensor's error may
+  hide a few."""
+  a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+  assert np.all(np.isfinite(a)), "non-finite values"
+  scale = np.sqrt(np.mean(np.sum(b * b, axis=-1)))
+  return np.linalg.norm(a - b, axis=-1).max() / max(scale, 1e-30)
+
+
+def assert_close(got, want, dtype, names=("out", "dq", "dk", "dv"), tol=None, row_tol=None):
+  """Each of got's arrays within the dtype's bounds of want's, over the tensor and per row."""
+  tol, row_tol = tol or TOL[dtype], row_tol or ROW_TOL[dtype]
+  for name, g, w in zip(names, got, want):
+    assert g.dtype == w.dtype, (name, g.dtype, w.dtype)
+    errs = rel_err(g, w), row_err(g, w)
+    assert errs[0] < tol and errs[1] < row_tol, (name, errs)
 
 
 def make_inputs(rng, b, t, hq, hkv, d, dtype):
@@ -65,9 +86,7 @@ def test_values_and_gradients_match_reference(dtype, hq, hkv, bs, aligned):
   if bs.skip_full_masks:  # every row selects: full chunks exist
     budget = jnp.asarray(rng.integers(2, k_max + 1, size=b), jnp.int32)
   got, want = run_both(q, k, v, do, seg, budget, block_size, k_max, bs=bs)
-  for name, g, w in zip(("out", "dq", "dk", "dv"), got, want):
-    assert g.dtype == w.dtype
-    assert rel_err(g, w) < TOL[dtype], (name, rel_err(g, w))
+  assert_close(got, want, dtype)
   pad = np.asarray(seg) == 0
   assert np.all(np.asarray(got[0], np.float32)[pad] == 0)
   assert np.all(np.asarray(got[1], np.float32)[pad] == 0)
@@ -103,8 +122,7 @@ def test_edge_cases(case):
   q, k, v, do = make_inputs(rng, 2, t, 2, 2, 16, jnp.float32)
   seg = jnp.asarray(np.stack([np.ones(t), np.r_[np.ones(t - 5), np.zeros(5)]]), jnp.int32)
   got, want = run_both(q, k, v, do, seg, jnp.asarray(budget, jnp.int32), block_size, k_max)
-  for g, w in zip(got, want):
-    assert rel_err(g, w) < TOL[jnp.float32]
+  assert_close(got, want, jnp.float32)
   if case == "k1":  # own block only: equals block-diagonal causal attention
     diag = moba_reference(q, k, v, seg, jnp.asarray(budget), block_size=block_size, k_max=1)
     assert rel_err(got[0], diag) < TOL[jnp.float32]
@@ -205,16 +223,20 @@ def test_skip_full_masks_default_follows_head_dim():
 @pytest.mark.parametrize("skip_full_masks", [False, True])
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 def test_gpu_compiled_kernels_match_reference(dtype, skip_full_masks):
+  """The compiled Triton-lowered kernels, documents starting inside blocks (the same-document
+  masks tested); with mask skipping, long documents so that most chunks are full."""
   rng = np.random.default_rng()
   b, t, block_size, k_max = 2, 1024, 128, 4
   q, k, v, do = make_inputs(rng, b, t, 8, 2, 64, dtype)
-  seg = packed_segments(rng, b, t, block_size, aligned=True)
+  seg = packed_segments(rng, b, t, block_size, aligned=False)
+  if skip_full_masks:  # document 2 starts inside block 5; row 1 ends in padding
+    seg = jnp.asarray([[1] * 700 + [2] * 324, [1] * 1000 + [0] * 24], jnp.int32)
   budget = jnp.asarray([2, 4], jnp.int32)
   got, want = run_both(q, k, v, do, seg, budget, block_size, k_max,
                        bs=MobaBlockSizes(skip_full_masks=skip_full_masks), interpret=False)
-  tol = {jnp.float32: 2e-3, jnp.bfloat16: 2e-2}[dtype]  # f32 dots run as tf32 on GPU
-  for g, w in zip(got, want):
-    assert rel_err(g, w) < tol
+  # f32 dots run as tf32 on GPU.
+  tols = {jnp.float32: (2e-3, 2e-2), jnp.bfloat16: (TOL[dtype], ROW_TOL[dtype])}[dtype]
+  assert_close(got, want, dtype, tol=tols[0], row_tol=tols[1])
 
 
 def test_large_k_max_merges_by_the_slot_kernel():
@@ -228,8 +250,7 @@ def test_large_k_max_merges_by_the_slot_kernel():
   seg = packed_segments(rng, b, t, block_size, aligned=bool(rng.integers(2)))
   budget = jnp.asarray([3, k_max], jnp.int32)
   got, want = run_both(q, k, v, do, seg, budget, block_size, k_max)
-  for name, g, w in zip(("out", "dq", "dk", "dv"), got, want):
-    assert rel_err(g, w) < TOL[jnp.float32], (name, rel_err(g, w))
+  assert_close(got, want, jnp.float32)
   pad = np.asarray(seg) == 0
   assert np.all(np.asarray(got[0])[pad] == 0) and np.all(np.asarray(got[1])[pad] == 0)
 
