@@ -51,6 +51,40 @@ def ranks_slot_onehot(sel_BGTK, n, chunk=128):
   return gating.ranks_from_counts(within_BGCPN, sel_BGTK)
 
 
+def ranks_sorted(sel_BGTK, n, *, batched=False, key_dtype=jnp.int32):
+  """Ranks by one stable sort of the (token, slot) entries by block: an entry's rank is its
+  place in the sorted order less its block's first place (each block's first place found by
+  a binary search of the sorted keys). Work in T * K, not T * N. batched: one sort per (row,
+  group) along the entries (a batched sort) instead of one sort of every (row, group)'s
+  entries with the (row, group) folded into the key; key_dtype: the sort key's type."""
+  b, g, t, k = sel_BGTK.shape
+  m = t * k
+  keys_XM = sel_BGTK.reshape(b * g, m)  # 0..n, n on unused slots
+  if not batched:
+    keys_XM = keys_XM + (n + 1) * jnp.arange(b * g, dtype=jnp.int32)[:, None]
+  keys = keys_XM.astype(key_dtype)
+  if batched:
+    iota = jnp.broadcast_to(jnp.arange(m, dtype=jnp.int32), keys.shape)
+    skey, perm = jax.lax.sort((keys, iota), dimension=1, num_keys=1, is_stable=True)
+    bounds = jnp.arange(n + 2, dtype=key_dtype)
+    first_XN = jax.vmap(lambda row: jnp.searchsorted(row, bounds).astype(jnp.int32))(skey)
+    place = jnp.arange(m, dtype=jnp.int32)
+    rank_sorted = place - jnp.take_along_axis(first_XN, skey.astype(jnp.int32), axis=1)
+    rank_XM = jnp.zeros((b * g, m), jnp.int32).at[
+        jnp.arange(b * g)[:, None], perm].set(rank_sorted, unique_indices=True)
+    total = (first_XN[:, 1:n + 1] - first_XN[:, :n]).reshape(b, g, n)
+  else:
+    flat = keys.reshape(-1)
+    iota = jnp.arange(flat.size, dtype=jnp.int32)
+    skey, perm = jax.lax.sort((flat, iota), num_keys=1, is_stable=True)
+    bounds = jnp.arange(b * g * (n + 1) + 1, dtype=key_dtype)
+    first = jnp.searchsorted(skey, bounds).astype(jnp.int32)
+    rank_sorted = iota - first[skey.astype(jnp.int32)]
+    rank_XM = jnp.zeros((flat.size,), jnp.int32).at[perm].set(rank_sorted, unique_indices=True)
+    total = (jnp.diff(first).reshape(b * g, n + 1)[:, :n]).reshape(b, g, n)
+  return rank_XM.reshape(b, g, t, k), total
+
+
 def _chunk(t, k, compares):
   return math.gcd(t, max(1, 1 << ((compares // k).bit_length() - 1)))
 
@@ -112,6 +146,9 @@ def main():
   p.add_argument("--heads", type=int, default=16)
   p.add_argument("--ks", type=int, nargs="+", default=[3, 8, 16])
   p.add_argument("--calls", type=int, default=50)
+  p.add_argument("--only", nargs="+", default=None,
+                 help="run only the variants whose names contain one of these strings")
+  p.add_argument("--no-pieces", action="store_true", help="skip the pieces and the item order")
   p.add_argument("--out", default=None)
   args = p.parse_args()
   rng = np.random.default_rng(0)
@@ -136,14 +173,29 @@ def main():
           name = f"reads {reads_name}, {compares} compares" + (", reads per 128" if rc else "")
           variants[name] = functools.partial(ranks_chunked, reads=reads, compares=compares,
                                              reads_chunk=rc)
+    for batched in (False, True):
+      for key_dtype in (jnp.int32, jnp.uint16):
+        if key_dtype == jnp.uint16 and (n + 1) * sel_BGTK.shape[1] >= 1 << 16:
+          continue
+        name = (f"sorted, {'batched' if batched else 'one sort'}, "
+                f"{jnp.dtype(key_dtype).name} keys")
+        variants[name] = functools.partial(ranks_sorted, batched=batched, key_dtype=key_dtype)
+    if args.only:
+      variants = {name: fn for name, fn in variants.items()
+                  if any(part in name for part in args.only)}
     for name, fn in variants.items():
       f = jax.jit(fn, static_argnums=1)
       rank, total = f(sel_BGTK, n)
       ok = bool(np.array_equal(np.asarray(rank)[used], np.asarray(want_rank)[used])
                 and np.array_equal(np.asarray(total), np.asarray(want_total)))
       ms = time_pipelined(f, sel_BGTK, n, calls=args.calls) * 1e3
-      rows.append({"k_max": k_max, "variant": name, "ms": ms, "equal": ok})
-      print(f"k_max {k_max:2d}  {ms:7.4f} ms  equal={ok}  {name}", flush=True)
+      # Whether XLA ran a sort as CUB's radix sort (a custom call) or its own sort kernel.
+      hlo = f.lower(sel_BGTK, n).compile().as_text()
+      sort = "cub" if "cub" in hlo.lower() else ("xla" if " sort(" in hlo else "-")
+      rows.append({"k_max": k_max, "variant": name, "ms": ms, "equal": ok, "sort": sort})
+      print(f"k_max {k_max:2d}  {ms:7.4f} ms  equal={ok}  sort={sort}  {name}", flush=True)
+    if args.no_pieces:
+      continue
     # The pieces alone (no check): each reads variant per 32-token chunk, the in-chunk rank.
     b, g, t_, kk = sel_BGTK.shape
     for name, fn in (("reads compare", reads_compare), ("reads minor", reads_minor),
@@ -163,8 +215,9 @@ def main():
   # dk/dv's item order at this shape: (T / 128) tiles per (row, group).
   items = h * t // hopper.DKV_TILE
   length = jnp.asarray(rng.integers(0, 64, items), jnp.int32)
-  for name, fn in (("argsort", lambda x: jnp.argsort(-x, stable=True).astype(jnp.int32)),
-                   ("longest_first", hopper.longest_first)):
+  orders = (("argsort", lambda x: jnp.argsort(-x, stable=True).astype(jnp.int32)),
+            ("longest_first", hopper.longest_first))
+  for name, fn in orders if not args.no_pieces else ():
     f = jax.jit(fn)
     ok = bool(np.array_equal(f(length), np.argsort(-np.asarray(length), kind="stable")))
     ms = time_pipelined(f, length, calls=args.calls) * 1e3

@@ -156,6 +156,45 @@ def test_gate_kernel_makes_each_rows_passes_only(num_picks):
   assert len(traces) == 1
 
 
+@pytest.mark.parametrize("num_picks, tied", [(2, False), (6, False), (3, True)])
+def test_gate_kernel_chunks_rank_as_one_pass(num_picks, tied):
+  """moba_gate_topk over blocks in chunks (each program ranks one chunk; the chunks' picks
+  merged by score after) picks exactly what one pass over every block picks and what the XLA
+  gate picks, slot by slot - with ragged budgets, packed documents, and (tied) gate keys
+  repeating every 16 blocks, so that equal scores fall in different chunks and the lower
+  block must come first."""
+  rng = np.random.default_rng()
+  # 128 blocks: 2 chunks by default, 8 of 16; a 128-token tile ends mid-chunk and mid-block.
+  b, t, block_size, hq, hkv = 2, 3072, 24, 2, 1
+  n = t // block_size
+  q = jnp.asarray(rng.standard_normal((b, t, hq, 16)), jnp.float32)
+  k = rng.standard_normal((b, t, hkv, 16)).astype(np.float32)
+  if tied:
+    k = np.tile(k[:, :16 * block_size], (1, n // 16, 1, 1))
+  k = jnp.asarray(k)
+  seg = packed_segments(rng, b, t, block_size, aligned=False)
+  if tied:  # one document, so that the repeated blocks' gate keys are equal too
+    seg = jnp.ones((b, t), jnp.int32)
+  ops = gating.gate_kernel_operands(q, k, seg, block_size=block_size)
+  budget = jnp.asarray(rng.integers(1, num_picks + 2, size=b), jnp.int32)
+  run = lambda chunk, tile=128: np.asarray(jax.jit(lambda *ops: gating.moba_gate_topk(
+      *ops, seg, block_size=block_size, num_picks=num_picks, interpret=True,
+      picks_B=budget - 1, chunk=chunk, tile=tile))(*ops))
+  one_pass = run(n, tile=64)
+  if tied:  # ties across chunks do occur: some token's picks hold two equal gate keys
+    gk = np.asarray(gating.gate_keys(k, seg, block_size=block_size)[0])
+    assert np.array_equal(gk[:, :16], gk[:, 16:32])
+  for chunk in (None, 16):
+    np.testing.assert_array_equal(run(chunk), one_pass)
+  want = moba_gate(q, k, seg, budget, block_size=block_size, k_max=num_picks + 1)
+  got = gating.selection_from_picks(jnp.maximum(one_pass, 0), one_pass >= 0, seg, budget,
+                                    block_size=block_size, num_blocks=n)
+  np.testing.assert_array_equal(np.asarray(got.selected_BTGK), np.asarray(want.selected_BTGK))
+  with pytest.raises(ValueError, match="chunk=24"):
+    gating.moba_gate_topk(*ops, seg, block_size=block_size, num_picks=num_picks,
+                          interpret=True, chunk=24)
+
+
 def test_full_chunks_attend_every_pair():
   """chunk_full_BGC marks a used chunk exactly where every (row, key of its block) pair is
   attended. (An own-block chunk could only be all-attended if all its rows held the block's last

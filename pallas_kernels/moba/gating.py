@@ -313,95 +313,153 @@ def moba_coverage(q_BTHD, k_BTKD, segment_ids_BT, budget_B, *, block_size: int, 
 _UNROLLED_GATE_PICKS = 2
 
 
-def _gate_kernel(passes_ref, qh_ref, *refs, block_size, num_picks, has_q_lo):
-  """Scores of a tile of tokens against every block, eligibility, and the top block ids by
-  passes of max / first-index-of-max, all in registers: passes_ref[0] of them (the row's
-  budget less its own block; the slots after hold -1), looped so that the gate's time
-  follows the budget, not the compiled k_max (num_picks; up to _UNROLLED_GATE_PICKS
-  unrolled instead)."""
+def _gate_kernel(passes_ref, qh_ref, *refs, block_size, num_picks, has_q_lo, chunks):
+  """Scores of a tile of tokens against one chunk of the blocks (all of them where `chunks`
+  is 1), eligibility, and the chunk's top block ids by passes of max / first-index-of-max,
+  all in registers: passes_ref[0] of them (the row's budget less its own block; the slots
+  after hold -1), looped so that the gate's time follows the budget, not the compiled k_max
+  (num_picks; up to _UNROLLED_GATE_PICKS unrolled instead). Program (b, g, i * chunks + c)
+  scores token tile i against block chunk c; with several chunks it also writes each pick's
+  score (-inf past the found ones) for moba_gate_topk's merge, and a chunk that starts at or
+  after the tile's last own block (nothing in it eligible) computes nothing."""
   if has_q_lo:
-    ql_ref, gh_ref, gl_ref, trail_ref, seg_ref, out_ref = refs
+    ql_ref, gh_ref, gl_ref, trail_ref, seg_ref, *outs = refs
   else:
-    ql_ref, (gh_ref, gl_ref, trail_ref, seg_ref, out_ref) = None, refs
+    ql_ref, (gh_ref, gl_ref, trail_ref, seg_ref, *outs) = None, refs
+  out_ref = outs[0]
+  val_ref = outs[1] if chunks > 1 else None
   tile, kpad = out_ref.shape
-  npad = gh_ref.shape[0]
-  qh = qh_ref[...]
-  gh = gh_ref[...]
-  s = plgpu.dot(qh, gh, trans_b=True) + plgpu.dot(qh, gl_ref[...], trans_b=True)
-  if has_q_lo:
-    s = s + plgpu.dot(ql_ref[...], gh, trans_b=True)
-  seg = seg_ref[...]
-  own = (pl.program_id(2) * tile + jnp.arange(tile, dtype=jnp.int32)) // block_size
-  blk = jnp.arange(npad, dtype=jnp.int32)
-  eligible = ((blk[None, :] < own[:, None]) & (trail_ref[...][None, :] == seg[:, None])
-              & (seg[:, None] != 0))
-  s = jnp.where(eligible, s, -jnp.inf)
+  width = gh_ref.shape[0]
+  pid = pl.program_id(2)
+  i, c = (pid, 0) if chunks == 1 else (pid // chunks, lax.rem(pid, chunks))
   slot = jnp.arange(kpad, dtype=jnp.int32)
-
-  def one_pass(k, carry):
-    s, picks = carry
-    m = jnp.max(s, axis=1)
-    idx = jnp.min(jnp.where(s == m[:, None], blk[None, :], npad), axis=1)
-    found = m > -jnp.inf
-    picks = jnp.where((slot[None, :] == k) & found[:, None], idx[:, None], picks)
-    return jnp.where(blk[None, :] == idx[:, None], -jnp.inf, s), picks
-
-  picks = jnp.full((tile, kpad), -1, jnp.int32)
   passes = passes_ref[0]
-  if num_picks > _UNROLLED_GATE_PICKS:
-    out_ref[...] = lax.fori_loop(0, passes, one_pass, (s, picks))[1]
+
+  def pick():
+    qh = qh_ref[...]
+    gh = gh_ref[...]
+    s = plgpu.dot(qh, gh, trans_b=True) + plgpu.dot(qh, gl_ref[...], trans_b=True)
+    if has_q_lo:
+      s = s + plgpu.dot(ql_ref[...], gh, trans_b=True)
+    seg = seg_ref[...]
+    own = (i * tile + jnp.arange(tile, dtype=jnp.int32)) // block_size
+    blk = c * width + jnp.arange(width, dtype=jnp.int32)
+    eligible = ((blk[None, :] < own[:, None]) & (trail_ref[...][None, :] == seg[:, None])
+                & (seg[:, None] != 0))
+    s = jnp.where(eligible, s, -jnp.inf)
+
+    def one_pass(k, carry):
+      s, picks, *vals = carry  # vals: the picks' scores, carried only where written
+      m = jnp.max(s, axis=1)
+      idx = jnp.min(jnp.where(s == m[:, None], blk[None, :], c * width + width), axis=1)
+      found = m > -jnp.inf
+      here = (slot[None, :] == k) & found[:, None]
+      picks = jnp.where(here, idx[:, None], picks)
+      vals = [jnp.where(here, m[:, None], v) for v in vals]
+      return jnp.where(blk[None, :] == idx[:, None], -jnp.inf, s), picks, *vals
+
+    carry = (s, jnp.full((tile, kpad), -1, jnp.int32))
+    if val_ref is not None:
+      carry += (jnp.full((tile, kpad), -jnp.inf, jnp.float32),)
+    if num_picks > _UNROLLED_GATE_PICKS:
+      _, picks, *vals = lax.fori_loop(0, passes, one_pass, carry)
+    else:
+      for k in range(num_picks):
+        carry = one_pass(k, carry)
+      kept = slot[None, :] < passes
+      _, picks, *vals = carry
+      picks, vals = jnp.where(kept, picks, -1), [jnp.where(kept, v, -jnp.inf) for v in vals]
+    out_ref[...] = picks
+    if val_ref is not None:
+      val_ref[...] = vals[0]
+
+  if chunks == 1:
+    pick()
     return
-  carry = (s, picks)
-  for k in range(num_picks):
-    carry = one_pass(k, carry)
-  out_ref[...] = jnp.where(slot[None, :] < passes, carry[1], -1)
+  last_own = ((i + 1) * tile - 1) // block_size
+  pl.when(c * width < last_own)(pick)
+
+  @pl.when(c * width >= last_own)
+  def _nothing_eligible():
+    out_ref[...] = jnp.full((tile, kpad), -1, jnp.int32)
+    val_ref[...] = jnp.full((tile, kpad), -jnp.inf, jnp.float32)
+
+
+# Scores a gate program holds in registers at most (tokens x blocks of one program).
+_GATE_SCORES = 8192
 
 
 def moba_gate_topk(qh_BTGD, ql_BTGD, gh_BNGD, gl_BNGD, trail_seg_BN, segment_ids_BT, *,
                    block_size: int, num_picks: int, interpret: bool, picks_B=None,
-                   tile: int = 128, num_warps: int | None = None):
+                   tile: int = 128, num_warps: int | None = None, chunk: int | None = None):
   """Top num_picks eligible blocks per (token, KV group): int32 [B, T, G, num_picks],
   best first, -1 where fewer are eligible. Inputs are the bf16 (hi, lo) parts of
   the group queries (lo may be None) and of the gate keys, as gating.gate_dot. picks_B
   (int [B], runtime data; None: num_picks for every row): row b's top min(picks_B[b],
   num_picks) only, its later slots -1 - from num_picks 3 on the passes the kernel makes, so
   that a budget below the compiled k_max costs its own picks, not k_max's. tile: tokens
-  per program at most (halved until it divides T and its scores fit in registers);
-  num_warps: by default 8 for 128-token tiles, else 4. On the H200 at S=32K, 16/16 x 128,
-  block 512 (gate_tiles.py, BENCHMARKS.md) 128 tokens on 8 warps were the fastest, and 64 on
-  8 much slower than 64 on 4."""
+  per program at most (halved until it divides T); num_warps: by default 8 for 128-token
+  tiles, else 4. On the H200 at S=32K, 16/16 x 128, block 512 (gate_tiles.py,
+  BENCHMARKS.md) 128 tokens on 8 warps were the fastest, and 64 on 8 much slower than 64 on 4.
+  chunk: blocks per program (a power of two >= 16; default: as many as fit beside the tile,
+  tile * chunk <= 8192 scores in registers). Where the (padded) blocks take several chunks,
+  each program ranks one chunk's blocks, a chunk wholly at or after the tile's own blocks
+  costs nothing, and the chunks' picks are merged after by score (ties: lower block first,
+  as in one pass over every block): the work follows the eligible (token, block) pairs,
+  about half of all under causality, and every program keeps 128-token products."""
   b, t, g, d = qh_BTGD.shape
   n = gh_BNGD.shape[1]
   npad = max(16, pl.next_power_of_2(n))
   kpad = pl.next_power_of_2(num_picks)
-  while t % tile or tile * npad > 8192 and tile > 16:  # scores tile stays in registers
+  while t % tile:
     tile //= 2
+  if chunk is None:
+    chunk = min(npad, max(16, _GATE_SCORES // tile))
+  if chunk < 16 or chunk & (chunk - 1) or tile * chunk > _GATE_SCORES:
+    raise ValueError(f"chunk={chunk} must be a power of two >= 16 with tile * chunk <= "
+                     f"{_GATE_SCORES} (tile={tile})")
+  chunk = min(chunk, npad)
+  chunks = npad // chunk
   if num_warps is None:
     num_warps = 8 if tile >= 128 else 4
   pad_n = lambda x: jnp.pad(x, [(0, 0), (0, npad - n)] + [(0, 0)] * (x.ndim - 2))
-  q_spec = pl.BlockSpec((None, tile, None, d), lambda b_, g_, i: (b_, i, g_, 0))
-  key_spec = pl.BlockSpec((None, npad, None, d), lambda b_, g_, i: (b_, 0, g_, 0))
+  q_spec = pl.BlockSpec((None, tile, None, d), lambda b_, g_, p: (b_, p // chunks, g_, 0))
+  key_spec = pl.BlockSpec((None, chunk, None, d), lambda b_, g_, p: (b_, p % chunks, g_, 0))
   has_q_lo = ql_BTGD is not None
   kernel = functools.partial(_gate_kernel, block_size=block_size, num_picks=num_picks,
-                             has_q_lo=has_q_lo)
+                             has_q_lo=has_q_lo, chunks=chunks)
   if picks_B is not None and picks_B.shape != (b,):
     raise ValueError(f"picks_B must be [B={b}], got shape {picks_B.shape}")
   passes_B = jnp.full((b,), num_picks, jnp.int32) if picks_B is None else picks_B
   passes_B = jnp.clip(passes_B.astype(jnp.int32), 0, num_picks)
-  picks = pl.pallas_call(
+  # Per program: its tile's picks (and, with several chunks, their scores) of its chunk.
+  out_spec = pl.BlockSpec((None, tile, None, None, kpad),
+                          lambda b_, g_, p: (b_, p // chunks, g_, p % chunks, 0))
+  out_shape = [jax.ShapeDtypeStruct((b, t, g, chunks, kpad), jnp.int32)]
+  if chunks > 1:
+    out_shape.append(jax.ShapeDtypeStruct((b, t, g, chunks, kpad), jnp.float32))
+  outs = pl.pallas_call(
       kernel,
-      grid=(b, g, t // tile),
-      in_specs=[pl.BlockSpec((1,), lambda b_, g_, i: (b_,)), q_spec] + [q_spec] * has_q_lo + [
-          key_spec, key_spec, pl.BlockSpec((None, npad), lambda b_, g_, i: (b_, 0)),
-          pl.BlockSpec((None, tile), lambda b_, g_, i: (b_, i))],
-      out_specs=pl.BlockSpec((None, tile, None, kpad), lambda b_, g_, i: (b_, i, g_, 0)),
-      out_shape=jax.ShapeDtypeStruct((b, t, g, kpad), jnp.int32),
+      grid=(b, g, (t // tile) * chunks),
+      in_specs=[pl.BlockSpec((1,), lambda b_, g_, p: (b_,)), q_spec] + [q_spec] * has_q_lo + [
+          key_spec, key_spec, pl.BlockSpec((None, chunk), lambda b_, g_, p: (b_, p % chunks)),
+          pl.BlockSpec((None, tile), lambda b_, g_, p: (b_, p // chunks))],
+      out_specs=[out_spec] * len(out_shape),
+      out_shape=out_shape,
       compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
       interpret=interpret,
       name="moba_gate_topk",
   )(passes_B, qh_BTGD, *([ql_BTGD] if has_q_lo else []), pad_n(gh_BNGD), pad_n(gl_BNGD),
     pad_n(trail_seg_BN), segment_ids_BT.astype(jnp.int32))
-  return picks[..., :num_picks]
+  if chunks == 1:
+    return outs[0][:, :, :, 0, :num_picks]
+  # The chunks' candidates in block order (chunk by chunk, each best first, ties at the lower
+  # block): the top num_picks by score, ties to the earlier candidate, is one pass's ranking.
+  picks_BTGX = outs[0].reshape(b, t, g, chunks * kpad)
+  top_BTGK, at_BTGK = _top_k(outs[1].reshape(b, t, g, chunks * kpad), num_picks)
+  picks_BTGK = jnp.take_along_axis(picks_BTGX, at_BTGK, axis=-1)
+  kept_BTGK = (top_BTGK > -jnp.inf) & (jnp.arange(num_picks) < passes_B[:, None, None, None])
+  return jnp.where(kept_BTGK, picks_BTGK, -1)
 
 
 def gate_kernel_operands(q_BTHD, k_BTKD, segment_ids_BT, *, block_size: int):
