@@ -164,7 +164,8 @@ def test_gate_kernel_chunks_rank_as_one_pass(num_picks, tied):
   repeating every 16 blocks, so that equal scores fall in different chunks and the lower
   block must come first."""
   rng = np.random.default_rng()
-  # 128 blocks: 2 chunks by default, 8 of 16; a 128-token tile ends mid-chunk and mid-block.
+  # 128 blocks (one chunk beside 64-token tiles by default), in 2 chunks of 64 and 8 of 16
+  # beside 128-token tiles, which end mid-chunk and mid-block.
   b, t, block_size, hq, hkv = 2, 3072, 24, 2, 1
   n = t // block_size
   q = jnp.asarray(rng.standard_normal((b, t, hq, 16)), jnp.float32)
@@ -184,7 +185,8 @@ def test_gate_kernel_chunks_rank_as_one_pass(num_picks, tied):
   if tied:  # ties across chunks do occur: some token's picks hold two equal gate keys
     gk = np.asarray(gating.gate_keys(k, seg, block_size=block_size)[0])
     assert np.array_equal(gk[:, :16], gk[:, 16:32])
-  for chunk in (None, 16):
+  np.testing.assert_array_equal(run(None), one_pass)
+  for chunk in (64, 16):
     np.testing.assert_array_equal(run(chunk), one_pass)
   want = moba_gate(q, k, seg, budget, block_size=block_size, k_max=num_picks + 1)
   got = gating.selection_from_picks(jnp.maximum(one_pass, 0), one_pass >= 0, seg, budget,
@@ -193,6 +195,24 @@ def test_gate_kernel_chunks_rank_as_one_pass(num_picks, tied):
   with pytest.raises(ValueError, match="chunk=24"):
     gating.moba_gate_topk(*ops, seg, block_size=block_size, num_picks=num_picks,
                           interpret=True, chunk=24)
+
+
+def test_gate_kernel_chunks_blocks_by_default_from_256():
+  """By default the gate ranks every block in one program up to 128 blocks and in chunks
+  (a second kernel merging them) from 256, where one program would hold 32 tokens."""
+  def kernels(num_blocks):
+    t = 8 * num_blocks
+    q = jnp.zeros((1, t, 2, 16), jnp.float32)
+    k = jnp.zeros((1, t, 1, 16), jnp.float32)
+    seg = jnp.ones((1, t), jnp.int32)
+    ops = gating.gate_kernel_operands(q, k, seg, block_size=8)
+    jaxpr = jax.make_jaxpr(lambda *ops: gating.moba_gate_topk(
+        *ops, seg, block_size=8, num_picks=2, interpret=True))(*ops)
+    return [str(e.params.get("name", e.params.get("name_and_src_info", "")))
+            for e in jaxpr.eqns if e.primitive.name == "pallas_call"]
+
+  assert len(kernels(128)) == 1
+  assert len(kernels(256)) == 2 and "moba_gate_merge" in kernels(256)[1]
 
 
 def test_full_chunks_attend_every_pair():
@@ -303,3 +323,32 @@ def test_layout_padded_to_wider_runs():
   with pytest.raises(ValueError, match="pad_rows"):
     gating.build_kv_layout(sel, seg, num_blocks=t // block_size, group_size=2, block_rows=r,
                            pad_rows=24)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("k_max", [3, 9])  # the merge's passes unrolled, looped
+def test_gpu_compiled_gate_over_chunks_matches_gate(k_max):
+  """The compiled gate at 256 blocks (four chunks of 64 and the merge kernel, the default
+  there) against the XLA gate, ragged budgets, documents inside blocks: the same counts, and
+  every slot the same block or (a near tie, the two programs' float32 sums differing in the
+  last bits) one whose XLA gate score equals the wanted block's to 1e-5."""
+  rng = np.random.default_rng()
+  b, t, block_size, hq, hkv, d = 2, 4096, 16, 4, 2, 64
+  n = t // block_size
+  q = jnp.asarray(rng.standard_normal((b, t, hq, d)), jnp.bfloat16)
+  k = jnp.asarray(rng.standard_normal((b, t, hkv, d)), jnp.bfloat16)
+  seg = packed_segments(rng, b, t, 8 * block_size, aligned=False)
+  budget = jnp.asarray([k_max, 2], jnp.int32)
+  got = jax.jit(lambda q, k: gating.fused_gate(q, k, seg, budget, block_size=block_size,
+                                               k_max=k_max, interpret=False))(q, k)
+  want = moba_gate(q, k, seg, budget, block_size=block_size, k_max=k_max)
+  np.testing.assert_array_equal(np.asarray(got.count_BTG), np.asarray(want.count_BTG))
+  got_k, want_k = np.asarray(got.selected_BTGK), np.asarray(want.selected_BTGK)
+  assert (want_k[..., 1:] < n).sum() > b * t  # later blocks are picked, in every chunk
+  assert len(np.unique(want_k[want_k < n] // 64)) == n // 64
+  scores = np.asarray(gating.gate_scores(q, k, seg, block_size=block_size))
+  at = lambda sel: np.take_along_axis(scores, np.minimum(sel, n - 1), axis=-1)
+  differ = got_k != want_k
+  assert differ.mean() < 1e-3
+  scale = np.abs(scores[np.isfinite(scores)]).max()
+  np.testing.assert_allclose(at(got_k)[differ], at(want_k)[differ], rtol=0, atol=1e-5 * scale)

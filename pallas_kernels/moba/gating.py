@@ -401,12 +401,14 @@ def moba_gate_topk(qh_BTGD, ql_BTGD, gh_BNGD, gl_BNGD, trail_seg_BN, segment_ids
   per program at most (halved until it divides T); num_warps: by default 8 for 128-token
   tiles, else 4. On the H200 at S=32K, 16/16 x 128, block 512 (gate_tiles.py,
   BENCHMARKS.md) 128 tokens on 8 warps were the fastest, and 64 on 8 much slower than 64 on 4.
-  chunk: blocks per program (a power of two >= 16; default: as many as fit beside the tile,
-  tile * chunk <= 8192 scores in registers). Where the (padded) blocks take several chunks,
-  each program ranks one chunk's blocks, a chunk wholly at or after the tile's own blocks
-  costs nothing, and the chunks' picks are merged after by score (ties: lower block first,
-  as in one pass over every block): the work follows the eligible (token, block) pairs,
-  about half of all under causality, and every program keeps 128-token products."""
+  chunk: blocks per program (a power of two >= 16, tile * chunk <= 8192 scores in
+  registers). Where the (padded) blocks take several chunks, each program ranks one chunk's
+  blocks, a chunk wholly at or after the tile's own blocks costs nothing, and a second
+  kernel merges the chunks' picks by score (ties: lower block first, as in one pass over
+  every block): the work follows the eligible (token, block) pairs, about half of all under
+  causality, and the products keep 128 tokens. Default: every block in one program while
+  that leaves a tile of 64 tokens or more (up to 128 blocks), else chunks of 64 blocks beside
+  128 tokens (from 256 blocks: S=64K at block 256, where one chunk left 32-token tiles)."""
   b, t, g, d = qh_BTGD.shape
   n = gh_BNGD.shape[1]
   npad = max(16, pl.next_power_of_2(n))
@@ -414,7 +416,15 @@ def moba_gate_topk(qh_BTGD, ql_BTGD, gh_BNGD, gl_BNGD, trail_seg_BN, segment_ids
   while t % tile:
     tile //= 2
   if chunk is None:
-    chunk = min(npad, max(16, _GATE_SCORES // tile))
+    # Every block in one program while that leaves 64 tokens or more (as fast as chunks of
+    # 128 tokens or faster at 128 blocks on the H200), else chunks beside 128 tokens.
+    one_chunk_tile = tile
+    while one_chunk_tile * npad > _GATE_SCORES and one_chunk_tile > 16:
+      one_chunk_tile //= 2
+    if one_chunk_tile >= 64:
+      tile, chunk = one_chunk_tile, npad
+    else:
+      chunk = max(16, _GATE_SCORES // tile)
   if chunk < 16 or chunk & (chunk - 1) or tile * chunk > _GATE_SCORES:
     raise ValueError(f"chunk={chunk} must be a power of two >= 16 with tile * chunk <= "
                      f"{_GATE_SCORES} (tile={tile})")
@@ -453,13 +463,62 @@ def moba_gate_topk(qh_BTGD, ql_BTGD, gh_BNGD, gl_BNGD, trail_seg_BN, segment_ids
     pad_n(trail_seg_BN), segment_ids_BT.astype(jnp.int32))
   if chunks == 1:
     return outs[0][:, :, :, 0, :num_picks]
-  # The chunks' candidates in block order (chunk by chunk, each best first, ties at the lower
-  # block): the top num_picks by score, ties to the earlier candidate, is one pass's ranking.
-  picks_BTGX = outs[0].reshape(b, t, g, chunks * kpad)
-  top_BTGK, at_BTGK = _top_k(outs[1].reshape(b, t, g, chunks * kpad), num_picks)
-  picks_BTGK = jnp.take_along_axis(picks_BTGX, at_BTGK, axis=-1)
-  kept_BTGK = (top_BTGK > -jnp.inf) & (jnp.arange(num_picks) < passes_B[:, None, None, None])
-  return jnp.where(kept_BTGK, picks_BTGK, -1)
+  return _merge_chunk_picks(passes_B, *(x.reshape(b, t, g, chunks * kpad) for x in outs),
+                            num_picks=num_picks, interpret=interpret)
+
+
+def _merge_kernel(passes_ref, pick_ref, val_ref, out_ref, *, num_picks):
+  """A tile of tokens' top picks from their chunks' candidates (moba_gate_topk's merge), by
+  passes of max / first-position-of-max over the candidates in registers."""
+  tile, width = val_ref.shape
+  kpad = out_ref.shape[-1]
+  at = jnp.arange(width, dtype=jnp.int32)
+  slot = jnp.arange(kpad, dtype=jnp.int32)
+  cand = pick_ref[...]
+
+  def one_pass(k, carry):
+    v, picks = carry
+    m = jnp.max(v, axis=1)
+    first = jnp.min(jnp.where(v == m[:, None], at[None, :], width), axis=1)
+    hit = at[None, :] == first[:, None]
+    pick = jnp.max(jnp.where(hit, cand, -1), axis=1)
+    picks = jnp.where((slot[None, :] == k) & (m > -jnp.inf)[:, None], pick[:, None], picks)
+    return jnp.where(hit, -jnp.inf, v), picks
+
+  carry = (val_ref[...], jnp.full((tile, kpad), -1, jnp.int32))
+  passes = passes_ref[0]
+  if num_picks > _UNROLLED_GATE_PICKS:
+    out_ref[...] = lax.fori_loop(0, passes, one_pass, carry)[1]
+    return
+  for k in range(num_picks):
+    carry = one_pass(k, carry)
+  out_ref[...] = jnp.where(slot[None, :] < passes, carry[1], -1)
+
+
+def _merge_chunk_picks(passes_B, picks_BTGX, vals_BTGX, *, num_picks, interpret):
+  """moba_gate_topk's picks from its chunks' candidates [B, T, G, chunks * kpad] (block
+  order: chunk by chunk, each best first, ties at the lower block; -inf scores where nothing
+  was found): the top num_picks by score, ties to the earlier candidate - the ranking of one
+  pass over every block - and -1 past each row's passes. A kernel of its own: XLA's
+  reductions over so short a minor axis ran at about a tenth of the memory's rate on the
+  H200 (BENCHMARKS.md)."""
+  b, t, g, width = vals_BTGX.shape
+  kpad = pl.next_power_of_2(num_picks)
+  tile = min(128, t, _GATE_SCORES // width)
+  while t % tile:
+    tile //= 2
+  spec = lambda w: pl.BlockSpec((None, tile, None, w), lambda b_, g_, i: (b_, i, g_, 0))
+  out = pl.pallas_call(
+      functools.partial(_merge_kernel, num_picks=num_picks),
+      grid=(b, g, t // tile),
+      in_specs=[pl.BlockSpec((1,), lambda b_, g_, i: (b_,)), spec(width), spec(width)],
+      out_specs=spec(kpad),
+      out_shape=jax.ShapeDtypeStruct((b, t, g, kpad), jnp.int32),
+      compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=1),
+      interpret=interpret,
+      name="moba_gate_merge",
+  )(passes_B, picks_BTGX, vals_BTGX)
+  return out[..., :num_picks]
 
 
 def gate_kernel_operands(q_BTHD, k_BTKD, segment_ids_BT, *, block_size: int):

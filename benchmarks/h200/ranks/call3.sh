@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The gate over block chunks with its merge in a kernel (the committed default: chunks from
+# 256 blocks): the gate's GPU tests; gate_tiles.py at S=64K, block 256 (k = 3, 16) against
+# one chunk of 32-token tiles (the parent commit's configuration) and at S=64K, block 512
+# (one chunk by default) against chunks; the step and the gating traced at S=64K, block 256,
+# top-3; bench_kernel.py at S=64K, block 256, k = 3, 8, 16, 32.
+# Usage on the device: bash benchmarks/h200/ranks/call3.sh
+set -uo pipefail
+OUT=${OUT:?}
+export PYTHONUNBUFFERED=1
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl || exit 1
+PYTHONPATH=/tmp/site timeout 150 python3 -m pytest tests/test_moba_gate.py -m gpu \
+    -p no:cacheprovider -ra > "$OUT/gpu_tests.log" 2>&1
+echo "pytest test_moba_gate.py -m gpu: exit $?"; tail -3 "$OUT/gpu_tests.log"
+gate() {  # seq block k configs...
+  local seq=$1 block=$2 k=$3; shift 3
+  timeout 120 python3 experiments/gate_tiles.py --seq "$seq" --block "$block" --k "$k" \
+      --heads h128 --configs "$@" --out "$OUT/gate_${seq}_${block}_k${k}.json" \
+      > "$OUT/gate_${seq}_${block}_k${k}.log" 2>&1
+  echo "gate_tiles $seq $block k=$k: exit $?"; tail -n $(( $# + 1 )) "$OUT/gate_${seq}_${block}_k${k}.log"
+}
+gate 65536 256 3 128,8 32,4,256 128,4
+gate 65536 256 16 128,8 32,4,256
+gate 65536 512 3 128,8 128,8,64
+timeout 200 python3 experiments/trace_moba.py --seq 65536 --block 256 --k 3 --heads h128 \
+    --backend mosaic --out "$OUT/trace_64k_b256_k3.json" > "$OUT/trace_64k_b256_k3.log" 2>&1
+echo "trace_moba: exit $?"; head -14 "$OUT/trace_64k_b256_k3.log"
+t0=$(date +%s)
+timeout "${LIMIT:-250}" python3 experiments/bench_kernel.py --skip-check --backends mosaic \
+    --seqs 65536 --blocks 256 --ks 3 8 16 32 --heads h128 --out "$OUT/h128_65536_b256.json" \
+    > "$OUT/h128_65536_b256.log" 2>&1
+echo "bench_kernel: exit $? after $(( $(date +%s) - t0 )) s"
+grep -vE "^\{" "$OUT/h128_65536_b256.log" | tail -8
