@@ -165,6 +165,8 @@ def main():
     want_rank, want_total = jax.jit(gating._read_ranks, static_argnums=1)(sel_BGTK, n)
     variants = {"running count (tri product)": ranks_running_count,
                 "_read_ranks (as committed)": gating._read_ranks,
+                "_read_ranks, 64-token chunks": functools.partial(gating._read_ranks, chunk=64),
+                "_read_ranks, 32-token chunks": functools.partial(gating._read_ranks, chunk=32),
                 "running count over (token, slot) one-hots": ranks_slot_onehot}
     for reads_name, reads in (("compare", reads_compare), ("minor", reads_minor),
                               ("scatter", reads_scatter)):

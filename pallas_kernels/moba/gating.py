@@ -552,7 +552,7 @@ def fused_gate(q_BTHD, k_BTKD, segment_ids_BT, budget_B, *, block_size, k_max, i
 _RANK_CHUNK = 128
 
 
-def _read_ranks(sel_BGTK, n: int) -> tuple[jax.Array, jax.Array]:
+def _read_ranks(sel_BGTK, n: int, chunk: int = _RANK_CHUNK) -> tuple[jax.Array, jax.Array]:
   """For every (token, slot): how many earlier tokens of the (row, group) read the slot's
   block (int32 [B, G, T, K]; meaningless on unused slots), and how many tokens read each
   block (int32 [B, G, N]).
@@ -564,7 +564,7 @@ def _read_ranks(sel_BGTK, n: int) -> tuple[jax.Array, jax.Array]:
   chunk's earlier slots - ran 2-8x slower on the H200 as XLA fused it; BENCHMARKS.md.)
   """
   b, g, t, k = sel_BGTK.shape
-  p = math.gcd(t, _RANK_CHUNK)
+  p = math.gcd(t, chunk)
   c = t // p
   reads_BGCPN = (sel_BGTK[..., None] == jnp.arange(n, dtype=jnp.int32)).any(axis=3).astype(
       jnp.bfloat16).reshape(b, g, c, p, n)

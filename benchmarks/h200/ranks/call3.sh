@@ -3,7 +3,8 @@
 # 256 blocks): the gate's GPU tests; gate_tiles.py at S=64K, block 256 (k = 3, 16) against
 # one chunk of 32-token tiles (the parent commit's configuration) and at S=64K, block 512
 # (one chunk by default) against chunks; the step and the gating traced at S=64K, block 256,
-# top-3; bench_kernel.py at S=64K, block 256, k = 3, 8, 16, 32.
+# top-3; bench_kernel.py at S=64K, block 256, k = 3, 8, 16, 32; the layout's running count
+# over shorter token chunks (layout_probe.py).
 # Usage on the device: bash benchmarks/h200/ranks/call3.sh
 set -uo pipefail
 OUT=${OUT:?}
@@ -32,5 +33,11 @@ timeout "${LIMIT:-250}" python3 experiments/bench_kernel.py --skip-check --backe
     > "$OUT/h128_65536_b256.log" 2>&1
 echo "bench_kernel: exit $? after $(( $(date +%s) - t0 )) s"
 grep -vE "^\{" "$OUT/h128_65536_b256.log" | tail -8
+for point in "32768 512" "65536 256"; do  # the layout's count over 128-, 64- and 32-token chunks
+  set -- $point
+  timeout 100 python3 -m experiments.layout_probe --seq "$1" --block "$2" --ks 3 16 \
+      --only _read_ranks --no-pieces --out "$OUT/probe_$1_$2.json" > "$OUT/probe_$1_$2.log" 2>&1
+  echo "layout_probe $1 $2: exit $?"; grep -v Warning "$OUT/probe_$1_$2.log" | tail -6
+done
 # Everything back as one archive (the device returns a limited number of files).
-cd "$OUT" && tar czf ../call3.tgz . && rm -f ./* && mv ../call3.tgz .
+tar czf /tmp/call3.tgz -C "$OUT" . && rm -f "$OUT"/* && mv /tmp/call3.tgz "$OUT"/
