@@ -199,20 +199,22 @@ def test_gate_kernel_chunks_rank_as_one_pass(num_picks, tied):
 
 def test_gate_kernel_chunks_blocks_by_default_from_256():
   """By default the gate ranks every block in one program up to 128 blocks and in chunks
-  (a second kernel merging them) from 256, where one program would hold 32 tokens."""
-  def kernels(num_blocks):
+  (a second kernel merging them) from 256, where one program would hold 32 tokens, for up to
+  8 picks."""
+  def kernels(num_blocks, num_picks=2):
     t = 8 * num_blocks
     q = jnp.zeros((1, t, 2, 16), jnp.float32)
     k = jnp.zeros((1, t, 1, 16), jnp.float32)
     seg = jnp.ones((1, t), jnp.int32)
     ops = gating.gate_kernel_operands(q, k, seg, block_size=8)
     jaxpr = jax.make_jaxpr(lambda *ops: gating.moba_gate_topk(
-        *ops, seg, block_size=8, num_picks=2, interpret=True))(*ops)
+        *ops, seg, block_size=8, num_picks=num_picks, interpret=True))(*ops)
     return [str(e.params.get("name", e.params.get("name_and_src_info", "")))
             for e in jaxpr.eqns if e.primitive.name == "pallas_call"]
 
   assert len(kernels(128)) == 1
   assert len(kernels(256)) == 2 and "moba_gate_merge" in kernels(256)[1]
+  assert len(kernels(256, num_picks=9)) == 1  # past 8 picks: one chunk
 
 
 def test_full_chunks_attend_every_pair():

@@ -2,7 +2,8 @@
 
 This module owns the selection step - its XLA reference (`moba_gate`, with coverage), its
 Pallas kernel (`moba_gate_topk`, Triton lowering, behind `fused_gate`: moba_attention's
-gate) - and its two layouts:
+gate; from 256 blocks it ranks them in chunks and a second kernel merges the chunks' picks) -
+and its two layouts:
 
 * `MobaSelection` (query-centric, from `moba_gate` or `fused_gate`): for every query token
   and KV head group, the selected KV block ids (slot 0 = the token's own block) and how
@@ -387,6 +388,11 @@ def _gate_kernel(passes_ref, qh_ref, *refs, block_size, num_picks, has_q_lo, chu
 
 # Scores a gate program holds in registers at most (tokens x blocks of one program).
 _GATE_SCORES = 8192
+# The most picks for which the gate's default takes block chunks (from 256 blocks): on the H200
+# at S=64K, block 256 the chunks took 0.43 / 1.02 ms against one chunk's 0.96 / 1.61 at k = 3 /
+# 8, and 3.00 / 7.88 against 2.57 / 4.34 at k = 16 / 32 (their passes and the merge's grow with
+# the picks; BENCHMARKS.md).
+_CHUNKED_GATE_MAX_PICKS = 8
 
 
 def moba_gate_topk(qh_BTGD, ql_BTGD, gh_BNGD, gl_BNGD, trail_seg_BN, segment_ids_BT, *,
@@ -399,16 +405,18 @@ def moba_gate_topk(qh_BTGD, ql_BTGD, gh_BNGD, gl_BNGD, trail_seg_BN, segment_ids
   num_picks) only, its later slots -1 - from num_picks 3 on the passes the kernel makes, so
   that a budget below the compiled k_max costs its own picks, not k_max's. tile: tokens
   per program at most (halved until it divides T); num_warps: by default 8 for 128-token
-  tiles, else 4. On the H200 at S=32K, 16/16 x 128, block 512 (gate_tiles.py,
-  BENCHMARKS.md) 128 tokens on 8 warps were the fastest, and 64 on 8 much slower than 64 on 4.
+  tiles over every block, else 4. On the H200 at S=32K, 16/16 x 128, block 512 (gate_tiles.py,
+  BENCHMARKS.md) 128 tokens on 8 warps were the fastest, and 64 on 8 much slower than 64 on 4;
+  over chunks 4 warps were 4-5% faster than 8.
   chunk: blocks per program (a power of two >= 16, tile * chunk <= 8192 scores in
   registers). Where the (padded) blocks take several chunks, each program ranks one chunk's
   blocks, a chunk wholly at or after the tile's own blocks costs nothing, and a second
   kernel merges the chunks' picks by score (ties: lower block first, as in one pass over
   every block): the work follows the eligible (token, block) pairs, about half of all under
   causality, and the products keep 128 tokens. Default: every block in one program while
-  that leaves a tile of 64 tokens or more (up to 128 blocks), else chunks of 64 blocks beside
-  128 tokens (from 256 blocks: S=64K at block 256, where one chunk left 32-token tiles)."""
+  that leaves a tile of 64 tokens or more (up to 128 blocks) or num_picks is over 8, else
+  chunks of 64 blocks beside 128 tokens (from 256 blocks: S=64K at block 256, where one chunk
+  left 32-token tiles; past 8 picks the passes outweigh what the chunks save)."""
   b, t, g, d = qh_BTGD.shape
   n = gh_BNGD.shape[1]
   npad = max(16, pl.next_power_of_2(n))
@@ -421,7 +429,7 @@ def moba_gate_topk(qh_BTGD, ql_BTGD, gh_BNGD, gl_BNGD, trail_seg_BN, segment_ids
     one_chunk_tile = tile
     while one_chunk_tile * npad > _GATE_SCORES and one_chunk_tile > 16:
       one_chunk_tile //= 2
-    if one_chunk_tile >= 64:
+    if one_chunk_tile >= 64 or num_picks > _CHUNKED_GATE_MAX_PICKS:
       tile, chunk = one_chunk_tile, npad
     else:
       chunk = max(16, _GATE_SCORES // tile)
@@ -431,7 +439,7 @@ def moba_gate_topk(qh_BTGD, ql_BTGD, gh_BNGD, gl_BNGD, trail_seg_BN, segment_ids
   chunk = min(chunk, npad)
   chunks = npad // chunk
   if num_warps is None:
-    num_warps = 8 if tile >= 128 else 4
+    num_warps = 8 if tile >= 128 and chunks == 1 else 4
   pad_n = lambda x: jnp.pad(x, [(0, 0), (0, npad - n)] + [(0, 0)] * (x.ndim - 2))
   q_spec = pl.BlockSpec((None, tile, None, d), lambda b_, g_, p: (b_, p // chunks, g_, 0))
   key_spec = pl.BlockSpec((None, chunk, None, d), lambda b_, g_, p: (b_, p % chunks, g_, 0))
