@@ -200,7 +200,7 @@ def test_gate_kernel_chunks_rank_as_one_pass(num_picks, tied):
 def test_gate_kernel_chunks_blocks_by_default_from_256():
   """By default the gate ranks every block in one program up to 128 blocks and in chunks
   (a second kernel merging them) from 256, where one program would hold 32 tokens, for up to
-  8 picks."""
+  8 picks - and past 512 blocks for any number."""
   def kernels(num_blocks, num_picks=2):
     t = 8 * num_blocks
     q = jnp.zeros((1, t, 2, 16), jnp.float32)
@@ -215,6 +215,7 @@ def test_gate_kernel_chunks_blocks_by_default_from_256():
   assert len(kernels(128)) == 1
   assert len(kernels(256)) == 2 and "moba_gate_merge" in kernels(256)[1]
   assert len(kernels(256, num_picks=9)) == 1  # past 8 picks: one chunk
+  assert len(kernels(1024, num_picks=9)) == 2  # unless no 16-token tile holds every block
 
 
 def test_full_chunks_attend_every_pair():

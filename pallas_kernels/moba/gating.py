@@ -414,9 +414,10 @@ def moba_gate_topk(qh_BTGD, ql_BTGD, gh_BNGD, gl_BNGD, trail_seg_BN, segment_ids
   kernel merges the chunks' picks by score (ties: lower block first, as in one pass over
   every block): the work follows the eligible (token, block) pairs, about half of all under
   causality, and the products keep 128 tokens. Default: every block in one program while
-  that leaves a tile of 64 tokens or more (up to 128 blocks) or num_picks is over 8, else
-  chunks of 64 blocks beside 128 tokens (from 256 blocks: S=64K at block 256, where one chunk
-  left 32-token tiles; past 8 picks the passes outweigh what the chunks save)."""
+  that leaves a tile of 64 tokens or more (up to 128 blocks) or, up to 512 blocks, num_picks is
+  over 8, else chunks of 64 blocks beside 128 tokens (from 256 blocks: S=64K at block 256,
+  where one chunk left 32-token tiles; past 8 picks the passes outweigh what the chunks save;
+  past 512 blocks no tile of 16 tokens holds every block's scores)."""
   b, t, g, d = qh_BTGD.shape
   n = gh_BNGD.shape[1]
   npad = max(16, pl.next_power_of_2(n))
@@ -425,11 +426,13 @@ def moba_gate_topk(qh_BTGD, ql_BTGD, gh_BNGD, gl_BNGD, trail_seg_BN, segment_ids
     tile //= 2
   if chunk is None:
     # Every block in one program while that leaves 64 tokens or more (as fast as chunks of
-    # 128 tokens or faster at 128 blocks on the H200), else chunks beside 128 tokens.
+    # 128 tokens or faster at 128 blocks on the H200), or past _CHUNKED_GATE_MAX_PICKS while
+    # the scores fit at all; else chunks beside 128 tokens.
     one_chunk_tile = tile
     while one_chunk_tile * npad > _GATE_SCORES and one_chunk_tile > 16:
       one_chunk_tile //= 2
-    if one_chunk_tile >= 64 or num_picks > _CHUNKED_GATE_MAX_PICKS:
+    fits = one_chunk_tile * npad <= _GATE_SCORES
+    if fits and (one_chunk_tile >= 64 or num_picks > _CHUNKED_GATE_MAX_PICKS):
       tile, chunk = one_chunk_tile, npad
     else:
       chunk = max(16, _GATE_SCORES // tile)
