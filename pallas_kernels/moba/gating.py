@@ -314,12 +314,47 @@ def moba_coverage(q_BTHD, k_BTKD, segment_ids_BT, budget_B, *, block_size: int, 
 _UNROLLED_GATE_PICKS = 2
 
 
+def _ranked_passes(s, pick_at, passes, *, num_picks: int, kpad: int, with_scores: bool):
+  """In a kernel: the top of each row of s [tile, width] by passes of max / first-position-of-
+  max (ties to the lower column), passes (traced) of them - looped past _UNROLLED_GATE_PICKS
+  picks so that the time follows `passes`, else num_picks unrolled and the slots past
+  `passes` cleared. pick_at(first, hit) gives the id recorded for each row's maximum (first:
+  its column [tile], hit: that column as a [tile, width] mask). Returns the ids [tile, kpad]
+  (-1 where a row has nothing left above -inf, and past `passes`) and, with_scores, their
+  scores (-inf there); else None."""
+  tile, width = s.shape
+  at = jnp.arange(width, dtype=jnp.int32)
+  slot = jnp.arange(kpad, dtype=jnp.int32)
+
+  def one_pass(k, carry):
+    s, picks, *vals = carry  # vals: the picks' scores, carried only where asked for
+    m = jnp.max(s, axis=1)
+    first = jnp.min(jnp.where(s == m[:, None], at[None, :], width), axis=1)
+    hit = at[None, :] == first[:, None]
+    here = (slot[None, :] == k) & (m > -jnp.inf)[:, None]
+    picks = jnp.where(here, pick_at(first, hit)[:, None], picks)
+    vals = [jnp.where(here, m[:, None], v) for v in vals]
+    return jnp.where(hit, -jnp.inf, s), picks, *vals
+
+  carry = (s, jnp.full((tile, kpad), -1, jnp.int32))
+  if with_scores:
+    carry += (jnp.full((tile, kpad), -jnp.inf, jnp.float32),)
+  if num_picks > _UNROLLED_GATE_PICKS:
+    _, picks, *vals = lax.fori_loop(0, passes, one_pass, carry)
+  else:
+    for k in range(num_picks):
+      carry = one_pass(k, carry)
+    kept = slot[None, :] < passes
+    _, picks, *vals = carry
+    picks, vals = jnp.where(kept, picks, -1), [jnp.where(kept, v, -jnp.inf) for v in vals]
+  return picks, (vals[0] if with_scores else None)
+
+
 def _gate_kernel(passes_ref, qh_ref, *refs, block_size, num_picks, has_q_lo, chunks):
   """Scores of a tile of tokens against one chunk of the blocks (all of them where `chunks`
-  is 1), eligibility, and the chunk's top block ids by passes of max / first-index-of-max,
-  all in registers: passes_ref[0] of them (the row's budget less its own block; the slots
-  after hold -1), looped so that the gate's time follows the budget, not the compiled k_max
-  (num_picks; up to _UNROLLED_GATE_PICKS unrolled instead). Program (b, g, i * chunks + c)
+  is 1), eligibility, and the chunk's top block ids, all in registers, by _ranked_passes:
+  passes_ref[0] of them (the row's budget less its own block), so that the gate's time
+  follows the budget, not the compiled k_max. Program (b, g, i * chunks + c)
   scores token tile i against block chunk c; with several chunks it also writes each pick's
   score (-inf past the found ones) for moba_gate_topk's merge, and a chunk that starts at or
   after the tile's last own block (nothing in it eligible) computes nothing."""
@@ -333,8 +368,6 @@ def _gate_kernel(passes_ref, qh_ref, *refs, block_size, num_picks, has_q_lo, chu
   width = gh_ref.shape[0]
   pid = pl.program_id(2)
   i, c = (pid, 0) if chunks == 1 else (pid // chunks, lax.rem(pid, chunks))
-  slot = jnp.arange(kpad, dtype=jnp.int32)
-  passes = passes_ref[0]
 
   def pick():
     qh = qh_ref[...]
@@ -348,31 +381,12 @@ def _gate_kernel(passes_ref, qh_ref, *refs, block_size, num_picks, has_q_lo, chu
     eligible = ((blk[None, :] < own[:, None]) & (trail_ref[...][None, :] == seg[:, None])
                 & (seg[:, None] != 0))
     s = jnp.where(eligible, s, -jnp.inf)
-
-    def one_pass(k, carry):
-      s, picks, *vals = carry  # vals: the picks' scores, carried only where written
-      m = jnp.max(s, axis=1)
-      idx = jnp.min(jnp.where(s == m[:, None], blk[None, :], c * width + width), axis=1)
-      found = m > -jnp.inf
-      here = (slot[None, :] == k) & found[:, None]
-      picks = jnp.where(here, idx[:, None], picks)
-      vals = [jnp.where(here, m[:, None], v) for v in vals]
-      return jnp.where(blk[None, :] == idx[:, None], -jnp.inf, s), picks, *vals
-
-    carry = (s, jnp.full((tile, kpad), -1, jnp.int32))
-    if val_ref is not None:
-      carry += (jnp.full((tile, kpad), -jnp.inf, jnp.float32),)
-    if num_picks > _UNROLLED_GATE_PICKS:
-      _, picks, *vals = lax.fori_loop(0, passes, one_pass, carry)
-    else:
-      for k in range(num_picks):
-        carry = one_pass(k, carry)
-      kept = slot[None, :] < passes
-      _, picks, *vals = carry
-      picks, vals = jnp.where(kept, picks, -1), [jnp.where(kept, v, -jnp.inf) for v in vals]
+    picks, vals = _ranked_passes(s, lambda first, hit: c * width + first, passes_ref[0],
+                                 num_picks=num_picks, kpad=kpad,
+                                 with_scores=val_ref is not None)
     out_ref[...] = picks
     if val_ref is not None:
-      val_ref[...] = vals[0]
+      val_ref[...] = vals
 
   if chunks == 1:
     pick()
@@ -480,30 +494,12 @@ def moba_gate_topk(qh_BTGD, ql_BTGD, gh_BNGD, gl_BNGD, trail_seg_BN, segment_ids
 
 def _merge_kernel(passes_ref, pick_ref, val_ref, out_ref, *, num_picks):
   """A tile of tokens' top picks from their chunks' candidates (moba_gate_topk's merge), by
-  passes of max / first-position-of-max over the candidates in registers."""
-  tile, width = val_ref.shape
-  kpad = out_ref.shape[-1]
-  at = jnp.arange(width, dtype=jnp.int32)
-  slot = jnp.arange(kpad, dtype=jnp.int32)
+  the gate's passes over the candidates' scores in registers."""
   cand = pick_ref[...]
-
-  def one_pass(k, carry):
-    v, picks = carry
-    m = jnp.max(v, axis=1)
-    first = jnp.min(jnp.where(v == m[:, None], at[None, :], width), axis=1)
-    hit = at[None, :] == first[:, None]
-    pick = jnp.max(jnp.where(hit, cand, -1), axis=1)
-    picks = jnp.where((slot[None, :] == k) & (m > -jnp.inf)[:, None], pick[:, None], picks)
-    return jnp.where(hit, -jnp.inf, v), picks
-
-  carry = (val_ref[...], jnp.full((tile, kpad), -1, jnp.int32))
-  passes = passes_ref[0]
-  if num_picks > _UNROLLED_GATE_PICKS:
-    out_ref[...] = lax.fori_loop(0, passes, one_pass, carry)[1]
-    return
-  for k in range(num_picks):
-    carry = one_pass(k, carry)
-  out_ref[...] = jnp.where(slot[None, :] < passes, carry[1], -1)
+  picks, _ = _ranked_passes(
+      val_ref[...], lambda first, hit: jnp.max(jnp.where(hit, cand, -1), axis=1),
+      passes_ref[0], num_picks=num_picks, kpad=out_ref.shape[-1], with_scores=False)
+  out_ref[...] = picks
 
 
 def _merge_chunk_picks(passes_B, picks_BTGX, vals_BTGX, *, num_picks, interpret):
