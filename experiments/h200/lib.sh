@@ -12,3 +12,31 @@ time_headline() {
       > "$OUT/h64.log" 2>&1
   echo "h64: exit $?"
 }
+
+# gpu_tests LIMIT PYTEST_ARGS...: the wheels of .whl/ (what the GPU image lacks: grain,
+# ml-collections, ...) installed into /tmp/site, then pytest on PYTEST_ARGS with them, cut at
+# LIMIT seconds; log $OUT/gpu_tests.log, its summary printed. Fails only if the wheels do not
+# install (a test failure is in the log and the summary).
+gpu_tests() {
+  local limit=$1 t0
+  shift
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target /tmp/site .whl/*.whl || return 1
+  t0=$(date +%s)
+  PYTHONPATH=/tmp/site timeout "$limit" python3 -m pytest "$@" -p no:cacheprovider -ra \
+      > "$OUT/gpu_tests.log" 2>&1
+  echo "pytest $*: exit $? after $(( $(date +%s) - t0 )) s"
+  grep -E "passed|failed|SKIPPED|FAILED|Error|assert" "$OUT/gpu_tests.log" | tail -12
+}
+
+# gate_tiles LIMIT SEQ BLOCK K CONFIGS...: the gate kernel alone at 16/16 x 128 under each
+# configuration (experiments/gate_tiles.py), cut at LIMIT seconds; $OUT/gate_SEQ_BLOCK_kK.*.
+gate_tiles() {
+  local limit=$1 seq=$2 block=$3 k=$4 name
+  shift 4
+  name="$OUT/gate_${seq}_${block}_k${k}"
+  timeout "$limit" python3 experiments/gate_tiles.py --seq "$seq" --block "$block" --k "$k" \
+      --heads h128 --configs "$@" --out "$name.json" > "$name.log" 2>&1
+  echo "gate_tiles $seq $block k=$k: exit $?"
+  tail -n $(( $# + 1 )) "$name.log"
+}

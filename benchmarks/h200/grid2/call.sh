@@ -11,14 +11,9 @@ OUT=${OUT:?}
 SEQ=${SEQ:?}
 HEADS=${HEADS:?}
 export PYTHONUNBUFFERED=1
+source experiments/h200/lib.sh
 if [ "${GPU_TESTS:-0}" = 1 ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-      --target /tmp/site .whl/*.whl || exit 1
-  t0=$(date +%s)
-  PYTHONPATH=/tmp/site timeout 240 python3 -m pytest tests -m gpu --ignore=tests/test_notebook.py \
-      -p no:cacheprovider -ra > "$OUT/gpu_tests.log" 2>&1
-  echo "pytest -m gpu: exit $? after $(( $(date +%s) - t0 )) s"
-  grep -E "passed|failed|SKIPPED|FAILED|Error|assert" "$OUT/gpu_tests.log" | tail -12
+  gpu_tests 240 tests -m gpu --ignore=tests/test_notebook.py || exit 1
 fi
 name="${HEADS}_${SEQ}${BLOCKS:+_b${BLOCKS// /_}}"
 t0=$(date +%s)

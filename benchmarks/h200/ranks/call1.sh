@@ -7,13 +7,8 @@
 set -uo pipefail
 OUT=${OUT:?}
 export PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl || exit 1
-t0=$(date +%s)
-PYTHONPATH=/tmp/site timeout 240 python3 -m pytest tests -m gpu --ignore=tests/test_notebook.py \
-    -p no:cacheprovider -ra > "$OUT/gpu_tests.log" 2>&1
-echo "pytest -m gpu: exit $? after $(( $(date +%s) - t0 )) s"
-grep -E "passed|failed|SKIPPED|FAILED|Error" "$OUT/gpu_tests.log" | tail -8
+source experiments/h200/lib.sh
+gpu_tests 240 tests -m gpu --ignore=tests/test_notebook.py || exit 1
 for point in "32768 512" "65536 256"; do
   set -- $point
   timeout 150 python3 -m experiments.layout_probe --seq "$1" --block "$2" --ks 3 16 \

@@ -8,18 +8,12 @@
 set -uo pipefail
 OUT=${OUT:?}
 export PYTHONUNBUFFERED=1
-gate() {  # seq block k configs...
-  local seq=$1 block=$2 k=$3; shift 3
-  timeout 120 python3 experiments/gate_tiles.py --seq "$seq" --block "$block" --k "$k" \
-      --heads h128 --configs "$@" --out "$OUT/gate_${seq}_${block}_k${k}.json" \
-      > "$OUT/gate_${seq}_${block}_k${k}.log" 2>&1
-  echo "gate_tiles $seq $block k=$k: exit $?"; tail -n $(( $# + 1 )) "$OUT/gate_${seq}_${block}_k${k}.log"
-}
-gate 65536 256 3 128,8 32,4,256 128,8,32 64,4,64 128,4
-gate 65536 256 16 128,8 32,4,256
-gate 65536 512 3 128,8 64,4,128
-gate 32768 256 3 128,8 64,4,128
-gate 32768 512 3 128,8 128,8,32 64,4,64
+source experiments/h200/lib.sh
+gate_tiles 120 65536 256 3 128,8 32,4,256 128,8,32 64,4,64 128,4
+gate_tiles 120 65536 256 16 128,8 32,4,256
+gate_tiles 120 65536 512 3 128,8 64,4,128
+gate_tiles 120 32768 256 3 128,8 64,4,128
+gate_tiles 120 32768 512 3 128,8 128,8,32 64,4,64
 timeout 200 python3 experiments/trace_moba.py --seq 65536 --block 256 --k 3 --heads h128 \
     --backend mosaic --out "$OUT/trace_64k_b256_k3.json" > "$OUT/trace_64k_b256_k3.log" 2>&1
 echo "trace_moba: exit $?"; head -12 "$OUT/trace_64k_b256_k3.log"

@@ -9,20 +9,10 @@
 set -uo pipefail
 OUT=${OUT:?}
 export PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl || exit 1
-PYTHONPATH=/tmp/site timeout 120 python3 -m pytest tests/test_moba_gate.py -m gpu \
-    -p no:cacheprovider -ra > "$OUT/gpu_tests.log" 2>&1
-echo "pytest test_moba_gate.py -m gpu: exit $?"; tail -3 "$OUT/gpu_tests.log"
-gate() {  # seq block k configs...
-  local seq=$1 block=$2 k=$3; shift 3
-  timeout 60 python3 experiments/gate_tiles.py --seq "$seq" --block "$block" --k "$k" \
-      --heads h128 --configs "$@" --out "$OUT/gate_${seq}_${block}_k${k}.json" \
-      > "$OUT/gate_${seq}_${block}_k${k}.log" 2>&1
-  echo "gate_tiles $seq $block k=$k: exit $?"; tail -n $(( $# + 1 )) "$OUT/gate_${seq}_${block}_k${k}.log"
-}
-gate 65536 256 3 128,8 32,4,256 128,4
-gate 65536 256 16 128,8 32,4,256
+source experiments/h200/lib.sh
+gpu_tests 120 tests/test_moba_gate.py -m gpu || exit 1
+gate_tiles 60 65536 256 3 128,8 32,4,256 128,4
+gate_tiles 60 65536 256 16 128,8 32,4,256
 timeout 120 python3 experiments/trace_moba.py --seq 65536 --block 256 --k 3 --heads h128 \
     --backend mosaic --out "$OUT/trace_64k_b256_k3.json" > "$OUT/trace_64k_b256_k3.log" 2>&1
 echo "trace_moba: exit $?"; head -14 "$OUT/trace_64k_b256_k3.log"

@@ -4,9 +4,7 @@
 # Usage on the device: bash benchmarks/h200/ranks/call4.sh
 set -uo pipefail
 OUT=${OUT:?}
+source experiments/h200/lib.sh
 for k in 8 32; do
-  timeout 70 python3 experiments/gate_tiles.py --seq 65536 --block 256 --k $k --heads h128 \
-      --configs 128,8 32,4,256 128,4 --out $OUT/gate_65536_256_k$k.json \
-      > $OUT/gate_65536_256_k$k.log 2>&1
-  echo "k=$k exit $?"; tail -4 $OUT/gate_65536_256_k$k.log
+  gate_tiles 70 65536 256 $k 128,8 32,4,256 128,4
 done
