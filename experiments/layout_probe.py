@@ -1,7 +1,7 @@
 """Ways to compute the KV layout's ranks (each (token, slot)'s place in its block's run, and
 each block's reader count) and dk/dv's item order, timed alone on a real gate's selection:
 which XLA formulation the GPU runs fastest. Every variant's output is checked equal to
-gating._read_ranks' first. GPU (or, slowly, CPU at a small size).
+kv_layout._read_ranks' first. GPU (or, slowly, CPU at a small size).
 
     python -m experiments.layout_probe --ks 3 8 16 --out /tmp/layout_probe.json
 """
@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pallas_kernels.moba import gating, hopper, moba_gate
+from pallas_kernels.moba import hopper, kv_layout, moba_gate
 from sparsebalance_jax.balance.timing import time_pipelined
 
 
@@ -48,7 +48,7 @@ def ranks_slot_onehot(sel_BGTK, n, chunk=128):
   tri_PQ = (jnp.arange(p)[:, None] >= jnp.arange(p)[None, :]).astype(jnp.bfloat16)
   within_BGCPN = jnp.einsum("pq,bgcqkn->bgcpn", tri_PQ, onehot_BGCQKN,
                             preferred_element_type=jnp.bfloat16)
-  return gating.ranks_from_counts(within_BGCPN, sel_BGTK)
+  return kv_layout.ranks_from_counts(within_BGCPN, sel_BGTK)
 
 
 def ranks_sorted(sel_BGTK, n, *, batched=False, key_dtype=jnp.int32):
@@ -162,11 +162,11 @@ def main():
                     k_max=k_max)
     sel_BGTK = jnp.transpose(sel.selected_BTGK, (0, 2, 1, 3))
     used = np.asarray(sel_BGTK < n)
-    want_rank, want_total = jax.jit(gating._read_ranks, static_argnums=1)(sel_BGTK, n)
+    want_rank, want_total = jax.jit(kv_layout._read_ranks, static_argnums=1)(sel_BGTK, n)
     variants = {"running count (tri product)": ranks_running_count,
-                "_read_ranks (as committed)": gating._read_ranks,
-                "_read_ranks, 64-token chunks": functools.partial(gating._read_ranks, chunk=64),
-                "_read_ranks, 32-token chunks": functools.partial(gating._read_ranks, chunk=32),
+                "_read_ranks (as committed)": kv_layout._read_ranks,
+                "_read_ranks, 64-token chunks": functools.partial(kv_layout._read_ranks, chunk=64),
+                "_read_ranks, 32-token chunks": functools.partial(kv_layout._read_ranks, chunk=32),
                 "running count over (token, slot) one-hots": ranks_slot_onehot}
     for reads_name, reads in (("compare", reads_compare), ("minor", reads_minor),
                               ("scatter", reads_scatter)):

@@ -1,11 +1,12 @@
-"""MoBA gating: prefix-sum gate vs the dense definition, selection, coverage, validation."""
+"""MoBA gating: prefix-sum gate vs the dense definition, selection, coverage, validation; the
+KV layout built from the selection."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pallas_kernels.moba import gating, moba_coverage, moba_gate
+from pallas_kernels.moba import gating, kv_layout, moba_coverage, moba_gate
 from pallas_kernels.moba.reference import reference_gate_scores
 
 
@@ -227,7 +228,7 @@ def test_full_chunks_attend_every_pair():
   q, k = _inputs(rng, b=b, t=t)
   seg = packed_segments(rng, b, t, block_size, aligned=bool(rng.integers(2)))
   sel = moba_gate(q, k, seg, jnp.asarray([4, 3], jnp.int32), block_size=block_size, k_max=4)
-  lay = gating.build_kv_layout(sel, seg, num_blocks=t // block_size, group_size=2, block_rows=r)
+  lay = kv_layout.build_kv_layout(sel, seg, num_blocks=t // block_size, group_size=2, block_rows=r)
   seg_np = np.asarray(seg)
   full = np.asarray(lay.chunk_full_BGC)
   cb = np.asarray(lay.chunk_block_BGC)
@@ -244,7 +245,7 @@ def test_full_chunks_attend_every_pair():
   assert full.sum() > 0 and (full == 0).sum() > 0
 
   # Without marks (kernels that mask every chunk) the flag is all zero; nothing else changes.
-  plain = gating.build_kv_layout(sel, seg, num_blocks=t // block_size, group_size=2,
+  plain = kv_layout.build_kv_layout(sel, seg, num_blocks=t // block_size, group_size=2,
                                  block_rows=r, mark_full=False)
   assert not np.asarray(plain.chunk_full_BGC).any()
   for field in ("row_src_BGL", "row_seg_BGL", "row_pos_BGL", "entry_row_BGTK", "chunk_block_BGC",
@@ -263,10 +264,10 @@ def test_attended_key_tiles_are_attended_whole(tile, ignore_padding):
   q, k = _inputs(rng, b=b, t=t)
   seg = packed_segments(rng, b, t, block_size, aligned=bool(rng.integers(2)))
   sel = moba_gate(q, k, seg, jnp.asarray([4, 3], jnp.int32), block_size=block_size, k_max=4)
-  lay = gating.build_kv_layout(sel, seg, num_blocks=t // block_size, group_size=2, block_rows=r,
+  lay = kv_layout.build_kv_layout(sel, seg, num_blocks=t // block_size, group_size=2, block_rows=r,
                                mark_full=False, pad_rows=2 * r)
   cb = np.asarray(lay.chunk_block_BGC)
-  tiles = np.asarray(gating.attended_key_tiles(
+  tiles = np.asarray(kv_layout.attended_key_tiles(
       lay.chunk_block_BGC, lay.row_seg_BGL, lay.row_pos_BGL, seg, num_blocks=t // block_size,
       block_rows=r, tile=tile, ignore_padding_rows=ignore_padding))
   seg_np = np.asarray(seg)
@@ -298,7 +299,7 @@ def test_layout_padded_to_wider_runs():
   q, k = _inputs(rng, b=b, t=t)
   seg = packed_segments(rng, b, t, block_size, aligned=bool(rng.integers(2)))
   sel = moba_gate(q, k, seg, jnp.asarray([4, 2], jnp.int32), block_size=block_size, k_max=4)
-  lay = gating.build_kv_layout(sel, seg, num_blocks=t // block_size, group_size=2, block_rows=r,
+  lay = kv_layout.build_kv_layout(sel, seg, num_blocks=t // block_size, group_size=2, block_rows=r,
                                pad_rows=pad)
   cb = np.asarray(lay.chunk_block_BGC)
   has_tok = (np.asarray(lay.row_seg_BGL) != 0).reshape(*cb.shape, r).any(-1)
@@ -324,7 +325,7 @@ def test_layout_padded_to_wider_runs():
         run = pos[bi, gi][(row_block[bi, gi] == j) & (seg_rows[bi, gi] != 0)]
         assert np.all(np.diff(run) >= 0) and np.all(np.bincount(run - run.min()) <= 2)
   with pytest.raises(ValueError, match="pad_rows"):
-    gating.build_kv_layout(sel, seg, num_blocks=t // block_size, group_size=2, block_rows=r,
+    kv_layout.build_kv_layout(sel, seg, num_blocks=t // block_size, group_size=2, block_rows=r,
                            pad_rows=24)
 
 

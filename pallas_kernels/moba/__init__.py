@@ -50,12 +50,14 @@ Semantics (exact; kernels and the dense reference compute the same function):
 * Gradients flow to q, k, v through attention only (selection is piecewise
   constant, as in MoBA).
 
-Kernel design (gate and layout in gating.py, attention kernels in kernels.py and hopper/).
+Kernel design (gate in gating.py, KV layout in kv_layout.py, attention kernels in kernels.py
+and hopper/).
 Gate: one Pallas kernel per (row, KV group, token tile) computes the scores against all
 blocks, masks eligibility and keeps the top (k_b - 1) ids in registers - from k_max 4 on one
 looped pass per pick up to the row's budget, below that every pass unrolled (the [B, T, G, N]
 score tensor is never written; `moba_gate` is the XLA version with coverage and picks the same
-blocks). Attention: KV-centric. The gate's
+blocks). From 256 blocks (up to 8 picks; past 512 at any) a program scores one chunk of 64
+blocks and a second kernel merges the chunks' picks. Attention: KV-centric. The gate's
 (token, slot) picks are sorted by KV block, per (row, KV group); each block's run of
 (token, head) rows is padded to a multiple of `block_rows`, so every chunk of
 `block_rows` rows reads exactly one block and no pair outside the selection is
@@ -84,8 +86,8 @@ target at top-3 is not reached. At 14/2 heads x 64 the Hopper kernels are the fa
 from jax.experimental.pallas import fuser as _fuser  # noqa: F401
 
 from pallas_kernels.moba.attention import moba_attention
-from pallas_kernels.moba.gating import (MobaKVLayout, MobaSelection, build_kv_layout,
-                                        moba_coverage, moba_gate)
+from pallas_kernels.moba.gating import MobaSelection, moba_coverage, moba_gate
+from pallas_kernels.moba.kv_layout import MobaKVLayout, build_kv_layout
 from pallas_kernels.moba.kernels import MobaBlockSizes
 from pallas_kernels.moba.reference import moba_reference
 

@@ -15,11 +15,11 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from pallas_kernels.moba import gating, hopper, kernels
+from pallas_kernels.moba import gating, hopper, kernels, kv_layout
 from pallas_kernels.moba.kernels import MobaBlockSizes
 
 
-def _from_entries(x_BGLX, layout: gating.MobaKVLayout, group_size: int) -> jax.Array:
+def _from_entries(x_BGLX, layout: kv_layout.MobaKVLayout, group_size: int) -> jax.Array:
   """[B, G, L, X...] -> [B, G, T, K, Gh, X...]: each (token, slot, head)'s sorted row."""
   rows_BGTKH = layout.entry_row_BGTK[..., None] + jnp.arange(group_size, dtype=jnp.int32)
   b, g = rows_BGTKH.shape[:2]
@@ -154,7 +154,7 @@ _moba_core.defvjp(_moba_fwd, _moba_bwd)
 
 def gate_and_layout(q_BTHD, k_BTKD, segment_ids_BT, budget_B, *, block_size: int, k_max: int,
                     bs: MobaBlockSizes, interpret: bool, backend: str = "triton"
-                    ) -> tuple[gating.MobaSelection, gating.MobaKVLayout]:
+                    ) -> tuple[gating.MobaSelection, kv_layout.MobaKVLayout]:
   """The gating moba_attention runs before its kernels: the fused gate's selection and the
   KV-centric layout for the tiles of `bs` (fitted here, as the kernels fit it) and the
   backend's padding."""
@@ -163,7 +163,7 @@ def gate_and_layout(q_BTHD, k_BTKD, segment_ids_BT, budget_B, *, block_size: int
   sel = gating.fused_gate(lax.stop_gradient(q_BTHD), lax.stop_gradient(k_BTKD), segment_ids_BT,
                     budget_B.astype(jnp.int32), block_size=block_size, k_max=k_max,
                     interpret=interpret)
-  layout = gating.build_kv_layout(sel, segment_ids_BT, num_blocks=q_BTHD.shape[1] // block_size,
+  layout = kv_layout.build_kv_layout(sel, segment_ids_BT, num_blocks=q_BTHD.shape[1] // block_size,
                                   group_size=q_BTHD.shape[2] // k_BTKD.shape[2],
                                   block_rows=bs.block_rows, mark_full=bs.skip_full_masks,
                                   pad_rows=_PAD_ROWS.get(backend))

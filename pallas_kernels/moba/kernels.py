@@ -1,7 +1,7 @@
 """Pallas (Triton lowering) attention kernels on the KV-centric sorted-row layout (the
 fused gate kernel that precedes them is gating.py's).
 
-Three attention `pallas_call`s, all reading `MobaKVLayout` (see gating.py):
+Three attention `pallas_call`s, all reading `MobaKVLayout` (see kv_layout.py):
 
 * forward: one program per (row, KV group, chunk of `block_rows` sorted rows);
   the chunk's rows all read one KV block, so the program streams that block's

@@ -15,7 +15,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from pallas_kernels.moba import gating
+from pallas_kernels.moba import kv_layout
 from pallas_kernels.moba.hopper.common import (_await_last_frees, _check_layout, check_supported,
                                                _consumer_setup, DKV_TILE, _grid, ITEM_ROWS,
                                                _mma_turn, _per_row, _persistent_call, _ROWS,
@@ -392,7 +392,7 @@ def moba_dkv(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_id
                           interpret=interpret)
   blk_BGC = layout.chunk_block_BGC
   blk_BGC = blk_BGC.reshape(*blk_BGC.shape[:2], -1, per)[..., 0]  # a step's chunks share it
-  whole = gating.attended_key_tiles(blk_BGC, layout.row_seg_BGL, layout.row_pos_BGL,
+  whole = kv_layout.attended_key_tiles(blk_BGC, layout.row_seg_BGL, layout.row_pos_BGL,
                                     segment_ids_BT, num_blocks=t // block_size, block_rows=chunk,
                                     tile=DKV_TILE)
   dk, dv, dk_hi, dk_lo, dv_hi, dv_lo = call(

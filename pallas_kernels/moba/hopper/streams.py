@@ -16,7 +16,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from pallas_kernels.moba import gating
+from pallas_kernels.moba import kv_layout
 from pallas_kernels.moba.hopper.common import (_await_last_frees, ITEM_ROWS, _per_row, _ROWS,
                                                _slots, _trips)
 
@@ -31,7 +31,7 @@ def persistent_items(layout, segment_ids_BT, *, block_size: int, block_kv: int):
   their count [1]; per flat id its block, the key steps of each of its two halves ([., 2]:
   an own-block half stops after its last query's tile, a half of padding rows only takes one;
   the item streams the longer half's) and how many of them come first unmasked (every (row,
-  key) pair attended; gating.attended_key_tiles, padding rows ignored: their outputs are
+  key) pair attended; kv_layout.attended_key_tiles, padding rows ignored: their outputs are
   never read)."""
   b, g, l = layout.row_pos_BGL.shape
   items = l // ITEM_ROWS
@@ -41,7 +41,7 @@ def persistent_items(layout, segment_ids_BT, *, block_size: int, block_kv: int):
   pos = jnp.where(layout.row_seg_BGL != 0, layout.row_pos_BGL, 0).reshape(-1, 2, _ROWS)
   last = pos.max(-1) - jnp.maximum(blk, 0)[:, None] * block_size
   steps = jnp.clip(last // block_kv + 1, 1, block_size // block_kv).astype(jnp.int32)
-  unmasked = gating.attended_key_tiles(
+  unmasked = kv_layout.attended_key_tiles(
       blk_BGI, layout.row_seg_BGL, layout.row_pos_BGL, segment_ids_BT,
       num_blocks=segment_ids_BT.shape[1] // block_size, block_rows=ITEM_ROWS, tile=block_kv,
       ignore_padding_rows=True).reshape(-1)
