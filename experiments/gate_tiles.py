@@ -28,8 +28,8 @@ def main():
   add_point_args(p)
   p.add_argument("--configs", nargs="+", default=["128,8", "64,4", "128,4"],
                  help="tile,num_warps[,chunk] of the gate kernel (the first is the reference; "
-                      "128,8 is moba_gate_topk's default; chunk: blocks per program, default "
-                      "as many as fit beside the tile)")
+                      "128,8 is moba_gate_topk's default up to 64 blocks; chunk: blocks per "
+                      "program, default moba_gate_topk's choice for the tile)")
   p.add_argument("--calls", type=int, default=200)
   p.add_argument("--out", required=True)
   args = p.parse_args()
