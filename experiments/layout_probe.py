@@ -162,7 +162,7 @@ def main():
                     k_max=k_max)
     sel_BGTK = jnp.transpose(sel.selected_BTGK, (0, 2, 1, 3))
     used = np.asarray(sel_BGTK < n)
-    want_rank, want_total = jax.jit(kv_layout._read_ranks, static_argnums=1)(sel_BGTK, n)
+    want_rank, want_total = jax.jit(kv_layout._read_ranks, static_argnames="n")(sel_BGTK, n)
     variants = {"running count (tri product)": ranks_running_count,
                 "_read_ranks (as committed)": kv_layout._read_ranks,
                 "_read_ranks, 64-token chunks": functools.partial(kv_layout._read_ranks, chunk=64),
@@ -186,7 +186,7 @@ def main():
       variants = {name: fn for name, fn in variants.items()
                   if any(part in name for part in args.only)}
     for name, fn in variants.items():
-      f = jax.jit(fn, static_argnums=1)
+      f = jax.jit(fn, static_argnames="n")
       rank, total = f(sel_BGTK, n)
       ok = bool(np.array_equal(np.asarray(rank)[used], np.asarray(want_rank)[used])
                 and np.array_equal(np.asarray(total), np.asarray(want_total)))

@@ -246,7 +246,7 @@ def test_full_chunks_attend_every_pair():
 
   # Without marks (kernels that mask every chunk) the flag is all zero; nothing else changes.
   plain = kv_layout.build_kv_layout(sel, seg, num_blocks=t // block_size, group_size=2,
-                                 block_rows=r, mark_full=False)
+                                    block_rows=r, mark_full=False)
   assert not np.asarray(plain.chunk_full_BGC).any()
   for field in ("row_src_BGL", "row_seg_BGL", "row_pos_BGL", "entry_row_BGTK", "chunk_block_BGC",
                 "block_chunks_BGN2"):
@@ -264,8 +264,8 @@ def test_attended_key_tiles_are_attended_whole(tile, ignore_padding):
   q, k = _inputs(rng, b=b, t=t)
   seg = packed_segments(rng, b, t, block_size, aligned=bool(rng.integers(2)))
   sel = moba_gate(q, k, seg, jnp.asarray([4, 3], jnp.int32), block_size=block_size, k_max=4)
-  lay = kv_layout.build_kv_layout(sel, seg, num_blocks=t // block_size, group_size=2, block_rows=r,
-                               mark_full=False, pad_rows=2 * r)
+  lay = kv_layout.build_kv_layout(sel, seg, num_blocks=t // block_size, group_size=2,
+                                  block_rows=r, mark_full=False, pad_rows=2 * r)
   cb = np.asarray(lay.chunk_block_BGC)
   tiles = np.asarray(kv_layout.attended_key_tiles(
       lay.chunk_block_BGC, lay.row_seg_BGL, lay.row_pos_BGL, seg, num_blocks=t // block_size,
@@ -299,8 +299,8 @@ def test_layout_padded_to_wider_runs():
   q, k = _inputs(rng, b=b, t=t)
   seg = packed_segments(rng, b, t, block_size, aligned=bool(rng.integers(2)))
   sel = moba_gate(q, k, seg, jnp.asarray([4, 2], jnp.int32), block_size=block_size, k_max=4)
-  lay = kv_layout.build_kv_layout(sel, seg, num_blocks=t // block_size, group_size=2, block_rows=r,
-                               pad_rows=pad)
+  lay = kv_layout.build_kv_layout(sel, seg, num_blocks=t // block_size, group_size=2,
+                                  block_rows=r, pad_rows=pad)
   cb = np.asarray(lay.chunk_block_BGC)
   has_tok = (np.asarray(lay.row_seg_BGL) != 0).reshape(*cb.shape, r).any(-1)
   assert np.all((cb >= 0) <= has_tok)  # a used chunk holds a real row
@@ -325,8 +325,33 @@ def test_layout_padded_to_wider_runs():
         run = pos[bi, gi][(row_block[bi, gi] == j) & (seg_rows[bi, gi] != 0)]
         assert np.all(np.diff(run) >= 0) and np.all(np.bincount(run - run.min()) <= 2)
   with pytest.raises(ValueError, match="pad_rows"):
-    kv_layout.build_kv_layout(sel, seg, num_blocks=t // block_size, group_size=2, block_rows=r,
-                           pad_rows=24)
+    kv_layout.build_kv_layout(sel, seg, num_blocks=t // block_size, group_size=2,
+                              block_rows=r, pad_rows=24)
+
+
+def test_read_ranks_equal_over_count_chunks():
+  """kv_layout._read_ranks counts the same ranks whatever its token chunk (down to 32, up to
+  the 256 its bf16 counts hold exactly), and refuses a chunk whose counts would not be exact."""
+  rng = np.random.default_rng()
+  b, t, block_size = 2, 1024, 32
+  q, k = _inputs(rng, b=b, t=t)
+  seg = packed_segments(rng, b, t, block_size, aligned=False)
+  sel = moba_gate(q, k, seg, jnp.asarray([5, 3], jnp.int32), block_size=block_size, k_max=5)
+  sel_BGTK = jnp.transpose(sel.selected_BTGK, (0, 2, 1, 3))
+  n = t // block_size
+  used = np.asarray(sel_BGTK < n)
+  want_rank, want_total = kv_layout._read_ranks(sel_BGTK, n)
+  # Each used (token, slot)'s rank: its block's earlier readers, counted directly.
+  sel_np = np.asarray(sel_BGTK)
+  for bi, gi, ti, si in zip(*np.nonzero(used)):
+    earlier = (sel_np[bi, gi, :ti] == sel_np[bi, gi, ti, si]).any(-1).sum()
+    assert want_rank[bi, gi, ti, si] == earlier
+  for chunk in (32, 64, 256):
+    rank, total = kv_layout._read_ranks(sel_BGTK, n, chunk=chunk)
+    np.testing.assert_array_equal(np.asarray(rank)[used], np.asarray(want_rank)[used])
+    np.testing.assert_array_equal(total, want_total)
+  with pytest.raises(ValueError, match="chunk=512"):
+    kv_layout._read_ranks(sel_BGTK, n, chunk=512)
 
 
 @pytest.mark.gpu

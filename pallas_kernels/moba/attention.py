@@ -161,12 +161,12 @@ def gate_and_layout(q_BTHD, k_BTKD, segment_ids_BT, budget_B, *, block_size: int
   bs = bs.fit(block_size, q_BTHD.shape[-1])
   segment_ids_BT = segment_ids_BT.astype(jnp.int32)
   sel = gating.fused_gate(lax.stop_gradient(q_BTHD), lax.stop_gradient(k_BTKD), segment_ids_BT,
-                    budget_B.astype(jnp.int32), block_size=block_size, k_max=k_max,
-                    interpret=interpret)
-  layout = kv_layout.build_kv_layout(sel, segment_ids_BT, num_blocks=q_BTHD.shape[1] // block_size,
-                                  group_size=q_BTHD.shape[2] // k_BTKD.shape[2],
-                                  block_rows=bs.block_rows, mark_full=bs.skip_full_masks,
-                                  pad_rows=_PAD_ROWS.get(backend))
+                          budget_B.astype(jnp.int32), block_size=block_size, k_max=k_max,
+                          interpret=interpret)
+  layout = kv_layout.build_kv_layout(
+      sel, segment_ids_BT, num_blocks=q_BTHD.shape[1] // block_size,
+      group_size=q_BTHD.shape[2] // k_BTKD.shape[2], block_rows=bs.block_rows,
+      mark_full=bs.skip_full_masks, pad_rows=_PAD_ROWS.get(backend))
   return sel, layout
 
 

@@ -50,9 +50,10 @@ class MobaKVLayout:
   run_rows: int = dataclasses.field(metadata=dict(static=True))
 
 
-# Tokens per chunk of _read_ranks' running count: at most 256, so that every count is exact
-# in its bf16 product.
+# Tokens per chunk of _read_ranks' running count, and the most it may take: every count is
+# exact in its bf16 product up to 256 (bf16 holds every integer up to 2^8 exactly).
 _RANK_CHUNK = 128
+_RANK_CHUNK_MAX = 256
 
 
 def _read_ranks(sel_BGTK, n: int, chunk: int = _RANK_CHUNK) -> tuple[jax.Array, jax.Array]:
@@ -61,11 +62,14 @@ def _read_ranks(sel_BGTK, n: int, chunk: int = _RANK_CHUNK) -> tuple[jax.Array, 
   block (int32 [B, G, N]).
 
   Per chunk of tokens, a running count of each block's readers as a lower-triangular 0/1
-  matmul (bf16 out: every partial sum is an integer <= _RANK_CHUNK, so exact), read at each
+  matmul (bf16 out: every partial sum is an integer <= chunk <= 256, so exact), read at each
   slot's block, plus the readers in the chunks before it (a short cumsum of chunk totals).
   (Counting by comparisons instead - the chunk's reads by block, each slot against the
   chunk's earlier slots - ran 2-8x slower on the H200 as XLA fused it; BENCHMARKS.md.)
   """
+  if not 0 < chunk <= _RANK_CHUNK_MAX:
+    raise ValueError(f"chunk={chunk} must be in 1..{_RANK_CHUNK_MAX}: a larger chunk's counts "
+                     "are not exact in bf16")
   b, g, t, k = sel_BGTK.shape
   p = math.gcd(t, chunk)
   c = t // p

@@ -393,8 +393,8 @@ def moba_dkv(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_id
   blk_BGC = layout.chunk_block_BGC
   blk_BGC = blk_BGC.reshape(*blk_BGC.shape[:2], -1, per)[..., 0]  # a step's chunks share it
   whole = kv_layout.attended_key_tiles(blk_BGC, layout.row_seg_BGL, layout.row_pos_BGL,
-                                    segment_ids_BT, num_blocks=t // block_size, block_rows=chunk,
-                                    tile=DKV_TILE)
+                                       segment_ids_BT, num_blocks=t // block_size,
+                                       block_rows=chunk, tile=DKV_TILE)
   dk, dv, dk_hi, dk_lo, dv_hi, dv_lo = call(
       items.tile_I, items.part_I, items.num_1, first_IW.astype(jnp.int32), items.end_I, whole,
       layout.row_seg_BGL, layout.row_pos_BGL, sorted_rows(lse_BS * _LOG2E, layout),
