@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call comparing the Hopper kernels of several source trees (TREES: folders holding a
 # version's pallas_kernels/ and experiments/, "." the working tree), e.g. a base commit's:
-#   git archive <commit> pallas_kernels experiments | tar -x -C ab_base
+#   git archive <commit> pallas_kernels experiments sparsebalance_jax | tar -x -C ab_base
 #   TREES="ab_base ." bash experiments/h200/ab_call.sh
 # MODE=trace (default): the GPU time of every kernel of a top-3 forward+backward step
 # (trace_moba.py, 16/16 x 128, S=32K, block 512; TRACE_ARGS overrides the point, e.g.

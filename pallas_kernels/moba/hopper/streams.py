@@ -23,6 +23,15 @@ from pallas_kernels.moba.hopper.common import (_await_last_frees, ITEM_ROWS, _pe
 _IDS_AHEAD = 8  # row ids the gatherer reads ahead of their copies (registers: it keeps 24)
 
 
+def _bulk_copy(src, dst, barrier):
+  """src -> dst (gmem -> smem) for a contiguous slice within bounds into a plain (unswizzled)
+  buffer: Mosaic GPU issues these as one bulk copy from a pointer (cp.async.bulk) instead of a
+  tensor copy through a TMA descriptor, whose coordinates and descriptor address each issue
+  forms again, and with no clamping of the slice (every slice here is in bounds: row ids,
+  items and key tiles all come from the layout)."""
+  plgpu.copy_gmem_to_smem(src, dst, barrier, oob_mode=plgpu.OOBFillMode.PROMISE_IN_BOUNDS)
+
+
 def persistent_items(layout, segment_ids_BT, *, block_size: int, block_kv: int):
   """Work items of the forward: every ITEM_ROWS-row run of a (row, KV group)'s
   sorted rows (the layout padded with pad_rows=ITEM_ROWS, so each reads one block).
@@ -188,7 +197,7 @@ def _streams(item_at, item_loop, trips, src_ref, gathered, views, row_refs, k_re
         with jax.named_scope("wait_k_free"):
           plgpu.barrier_wait(bars.k_free.at[kslot])
         plgpu.copy_gmem_to_smem(k_ref.at[keys], k_smem.at[kslot], bars.k.at[kslot])
-        plgpu.copy_gmem_to_smem(kseg_ref.at[b, keys[1]], scoped.kseg.at[kslot], bars.k.at[kslot])
+        _bulk_copy(kseg_ref.at[b, keys[1]], scoped.kseg.at[kslot], bars.k.at[kslot])
         with jax.named_scope("wait_v_free"):
           plgpu.barrier_wait(bars.v_free.at[vslot])
         plgpu.copy_gmem_to_smem(v_ref.at[keys], v_smem.at[vslot], bars.v.at[vslot])
@@ -205,12 +214,11 @@ def _streams(item_at, item_loop, trips, src_ref, gathered, views, row_refs, k_re
 
     def fetch_ids(s):
       b, g, i, *_ = item_at(s)
-      plgpu.copy_gmem_to_smem(src_ref.at[b, g, pl.ds(i * ITEM_ROWS, ITEM_ROWS)],
-                              idx_smem, bars.idx)
+      _bulk_copy(src_ref.at[b, g, pl.ds(i * ITEM_ROWS, ITEM_ROWS)], idx_smem, bars.idx)
 
     def copy_row_values(b, g, i, w, bar):
       for n, ref in enumerate(row_refs):
-        plgpu.copy_gmem_to_smem(ref.at[b, g, _half_rows(i, w)], scoped.rowi.at[w, n], bar)
+        _bulk_copy(ref.at[b, g, _half_rows(i, w)], scoped.rowi.at[w, n], bar)
 
     def copy_presorted(b, g, i, w, buf, bar):
       """Half w of the presorted refs, one box each, straight into item parity buf's tiles."""
@@ -245,8 +253,8 @@ def _streams(item_at, item_loop, trips, src_ref, gathered, views, row_refs, k_re
         for (at, size), row_id in zip(chunk, ids):
           for n, ref in enumerate(gathered):
             if not presorted[n]:
-              plgpu.copy_gmem_to_smem(ref.at[b, pl.ds(row_id, size)],
-                                      stage_smems[n].at[w, pl.ds(at, size)], bars.rows.at[w])
+              _bulk_copy(ref.at[b, pl.ds(row_id, size)], stage_smems[n].at[w, pl.ds(at, size)],
+                         bars.rows.at[w])
       for _ in range((arrivals - len(plan)) * sum(not p for p in presorted)):
         plgpu.barrier_arrive(bars.rows.at[w])
 
