@@ -3,6 +3,8 @@
 # version's pallas_kernels/ and experiments/, "." the working tree), e.g. a base commit's:
 #   git archive <commit> pallas_kernels experiments sparsebalance_jax | tar -x -C ab_base
 #   TREES="ab_base ." bash experiments/h200/ab_call.sh
+# (a base tree must reach the device: untracked and not ignored by git, or named in the call's
+# carry)
 # MODE=trace (default): the GPU time of every kernel of a top-3 forward+backward step
 # (trace_moba.py, 16/16 x 128, S=32K, block 512; TRACE_ARGS overrides the point, e.g.
 # "--heads h64 --block 512 --k 3"); MODE=alone: the kernels timed alone

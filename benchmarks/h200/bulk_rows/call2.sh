@@ -2,9 +2,10 @@
 # Device call 2 of the bulk row copies: call 1's A/B again with a base tree that runs (call 1's
 # ab_base lacked sparsebalance_jax, which bench_kernel.py imports:
 #   git archive 59f9612 pallas_kernels experiments sparsebalance_jax | tar -x -C ab_base),
-# one round at 16/16 x 128, block 512, top-3; then issue 3's grid cells not reached before, with
-# the working tree's kernels: 14/2 x 64, S=64K, block 256, k = 2, 4, 8, 16, 32 (k_max = k),
-# cuDNN timed in the same process.
+# one round at 16/16 x 128, block 512, top-3 (its base did not run: ab_base, listed in
+# .git/info/exclude, was ignored by git and so not copied to the device; calls 4 and 5 carried
+# it); then issue 3's grid cells not reached before, with the working tree's kernels: 14/2 x 64,
+# S=64K, block 256, k = 2, 4, 8, 16, 32 (k_max = k), cuDNN timed in the same process.
 # Usage on the device: bash benchmarks/h200/bulk_rows/call2.sh
 set -uo pipefail
 OUT=${OUT:?}
