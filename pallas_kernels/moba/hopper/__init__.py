@@ -20,7 +20,7 @@ attention.py does not change. What differs:
   ITEM_ROWS)), so an item reads one KV block and its halves share every K/V tile. A producer
   warpgroup streams the K and V tiles (`stages` slots each, or K's and V's: dq keeps a K
   tile until its dS K is done, a V tile only until dP) straight on from item to item; a fourth
-  warpgroup brings the item's q (dq: and dO) rows into a plain staging buffer - gathered
+  warpgroup brings the item's q (dq: and dO) rows into a staging buffer - gathered
   row by row by TMA after their ids (the swizzled wgmma tiles take no single-row copies), a
   token's query heads of one KV group (consecutive rows there and in q) as one box
   (_half_plans), or one box per half where the half is 64 consecutive tokens of one head (a

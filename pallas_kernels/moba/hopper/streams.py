@@ -24,13 +24,16 @@ _IDS_AHEAD = 8  # row ids the gatherer reads ahead of their copies (registers: i
 
 
 def _bulk_copy(src, dst, barrier):
-  """src -> dst (gmem -> smem) for a contiguous slice within bounds into a plain (unswizzled)
-  buffer: Mosaic GPU issues these as one bulk copy from a pointer (cp.async.bulk) instead of a
-  tensor copy through a TMA descriptor, whose coordinates and descriptor address each issue
-  forms again, and with no clamping of the slice (every slice here is in bounds: row ids,
-  items and key tiles all come from the layout). On the H200 the forward's step at 16/16 x 128,
-  block 512, top-3 took 0.752-0.755 ms against 0.760-0.762 with tensor copies (three pairs of
-  traces); dq and 14/2 x 64 did not move (BENCHMARKS.md)."""
+  """src -> dst (gmem -> smem) for a contiguous slice within bounds into an unswizzled buffer
+  (the row ids, the rows' segments and positions, the key segments): Mosaic GPU issues these
+  as one bulk copy from a pointer (cp.async.bulk) instead of a tensor copy through a TMA
+  descriptor, whose coordinates and descriptor address each issue forms again, and with no
+  clamping of the slice (every slice here is in bounds: items and key tiles come from the
+  layout). The gathered rows' staging buffer takes no such copies: Mosaic GPU's transform
+  inference gives it a 128-byte swizzle (1 x 64 tiles) for the compute warpgroups' loads, and
+  a swizzled copy is a tensor copy. On the H200 the forward's step at 16/16 x 128, block 512,
+  top-3 took 0.752-0.755 ms against 0.760-0.762 with tensor copies (three pairs of traces);
+  dq and 14/2 x 64 did not move (BENCHMARKS.md)."""
   plgpu.copy_gmem_to_smem(src, dst, barrier, oob_mode=plgpu.OOBFillMode.PROMISE_IN_BOUNDS)
 
 
@@ -160,9 +163,10 @@ def _streams(item_at, item_loop, trips, src_ref, gathered, views, row_refs, k_re
   staging buffer: TMA copies boxes and the wgmma operand layout (8-row swizzled tiles) takes no
   single-row copies, so the item's row ids come first (one copy into shared memory, the next
   item's while this one computes), then one copy per row (per token's query heads of the KV
-  group, _half_plans) into a plain buffer, which the compute warpgroups move into their
-  swizzled tiles. Up to 128 copies per item and ref, issued by one thread, would hold up the
-  K/V stream if one warpgroup issued both.
+  group, _half_plans) into a staging buffer declared without transforms (Mosaic GPU lays it
+  out in 1 x 64 tiles with a 128-byte swizzle, which one-row boxes fill), which the compute
+  warpgroups move into their 8-row tiles. Up to 128 copies per item and ref, issued by one
+  thread, would hold up the K/V stream if one warpgroup issued both.
   presorted: per ref of `gathered`, whether it already holds the rows in sorted order
   ([B, G, L, D]): then each half is one box copy, straight into the item's swizzled tile
   (scoped.tiles[n][s % 2]: two per warpgroup, by item parity, with no staging and no move;
@@ -255,8 +259,8 @@ def _streams(item_at, item_loop, trips, src_ref, gathered, views, row_refs, k_re
         for (at, size), row_id in zip(chunk, ids):
           for n, ref in enumerate(gathered):
             if not presorted[n]:
-              _bulk_copy(ref.at[b, pl.ds(row_id, size)], stage_smems[n].at[w, pl.ds(at, size)],
-                         bars.rows.at[w])
+              plgpu.copy_gmem_to_smem(ref.at[b, pl.ds(row_id, size)],
+                                      stage_smems[n].at[w, pl.ds(at, size)], bars.rows.at[w])
       for _ in range((arrivals - len(plan)) * sum(not p for p in presorted)):
         plgpu.barrier_arrive(bars.rows.at[w])
 
@@ -330,7 +334,7 @@ class _Bars(NamedTuple):
 
 
 class _Scoped(NamedTuple):
-  stages: Any   # per gathered ref: (2, 64, D) plain staging (None: presorted)
+  stages: Any   # per gathered ref: (2, 64, D) staging, no declared transforms (None: presorted)
   tiles: Any    # per gathered ref: (2, 64, D) swizzled wgmma operand, one per warpgroup
                 # (presorted: (2, 2, 64, D), per item parity and warpgroup)
   k: Any        # (k_stages, block_kv, D) swizzled
