@@ -1,8 +1,8 @@
 """The Mosaic GPU (Hopper) kernels - forward, dq, dk/dv: GPU interpret mode on CPU against
 the Triton kernels (forward and dq row by row, masked and full work items; dk/dv whole), the
 interpreter's race detector on, and against the dense reference end to end; their argument
-checks; their shared memory for an H200, lowered ahead of time; a GPU-marked check of the
-compiled kernels on an H200."""
+checks; their shared memory and their bulk copies for an H200, lowered ahead of time; a
+GPU-marked check of the compiled kernels on an H200."""
 
 import dataclasses
 
@@ -571,6 +571,47 @@ def test_kernels_fit_h200_shared_memory(kernel, hq, hkv, d, block_size, stages, 
   else:
     with pytest.raises(ValueError, match="shared memory"):
       lower_for_h200(run, *args)
+
+
+@pytest.mark.parametrize("kernel, hq, hkv, d", [("fwd", 16, 16, 128), ("dq_sorted_do", 14, 2, 64)])
+def test_unswizzled_copies_are_bulk_copies(kernel, hq, hkv, d, monkeypatch):
+  """Lowered for an H200 on the CPU, every copy the streams make into unswizzled shared memory
+  (row ids, the rows' segments and positions, key segments) promises to stay in bounds, which
+  makes it one bulk copy from a pointer (cp.async.bulk) rather than a tensor copy; the swizzled
+  ones (K/V tiles, gathered rows, boxes) stay tensor copies."""
+  from jax.experimental.mosaic.gpu import launch_context
+  from experiments.triton_ir import lower_for_h200
+  from pallas_kernels.moba.gating import fused_gate
+  copies = []
+  async_copy = launch_context.LaunchContext.async_copy
+
+  def record(self, **kw):
+    if kw.get("barrier") is not None:  # gmem -> smem
+      copies.append((str(kw.get("swizzle")), kw.get("oob_mode")))
+    return async_copy(self, **kw)
+
+  monkeypatch.setattr(launch_context.LaunchContext, "async_copy", record)
+  t, block_size = 4096, 512
+  shape = lambda h: jax.ShapeDtypeStruct((1, t, h, d), jnp.bfloat16)
+
+  def run(q, k, v, do, seg, budget):
+    sel = fused_gate(q, k, seg, budget, block_size=block_size, k_max=3, interpret=False)
+    layout = build_kv_layout(sel, seg, num_blocks=t // block_size, group_size=hq // hkv,
+                             block_rows=64, mark_full=False, pad_rows=hopper.ITEM_ROWS)
+    flat = lambda x: x.reshape(1, t * hq, *x.shape[3:])
+    common = dict(block_size=block_size, bs=HOPPER, interpret=False, num_ctas=132)
+    if kernel == "fwd":
+      return hopper.moba_forward_rows(flat(q), layout, k, v, seg, **common)
+    lse = jnp.zeros((1, t, hq), jnp.float32)
+    return hopper.moba_dq_rows(flat(q), flat(do), flat(lse), flat(lse), layout, k, v, seg,
+                               sorted_do=True, **common)
+
+  lower_for_h200(run, shape(hq), shape(hkv), shape(hkv), shape(hq),
+                 jax.ShapeDtypeStruct((1, t), jnp.int32), jax.ShapeDtypeStruct((1,), jnp.int32))
+  plain = [oob for swizzle, oob in copies if swizzle.endswith("kNoSwizzle")]
+  swizzled = [oob for swizzle, oob in copies if not swizzle.endswith("kNoSwizzle")]
+  assert len(plain) >= 4 and swizzled
+  assert all(oob == launch_context.OOBFillMode.PROMISE_IN_BOUNDS for oob in plain)
 
 
 @pytest.mark.parametrize("hq, hkv, d, backend", [(16, 16, 128, "mosaic"), (14, 2, 64, "mosaic"),
