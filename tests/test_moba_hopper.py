@@ -527,6 +527,36 @@ def test_gpu_compiled_mosaic_kernels_match_reference():
                                                  for n in ("out", "dq", "dk", "dv")])
 
 
+def lower_kernel_for_h200(kernel, hq, hkv, d, block_size, t, **params):
+  """One Hopper kernel with its gate and layout (k_max 3; shapes only, no values), jitted and
+  lowered for an H200 on the CPU; Mosaic GPU sizes shared memory and issues its copies while
+  lowering. kernel: "fwd", "dq", "dq_sorted_do", "dkv" or "dkv_128_rows"; params go to the
+  kernel (e.g. stages)."""
+  from experiments.triton_ir import lower_for_h200
+  from pallas_kernels.moba.gating import fused_gate
+  shape = lambda h: jax.ShapeDtypeStruct((1, t, h, d), jnp.bfloat16)
+
+  def run(q, k, v, do, seg, budget):
+    sel = fused_gate(q, k, seg, budget, block_size=block_size, k_max=3, interpret=False)
+    layout = build_kv_layout(sel, seg, num_blocks=t // block_size, group_size=hq // hkv,
+                             block_rows=64, mark_full=False, pad_rows=hopper.ITEM_ROWS)
+    flat = lambda x: x.reshape(1, t * hq, *x.shape[3:])
+    common = dict(block_size=block_size, bs=HOPPER, interpret=False, num_ctas=132, **params)
+    if kernel == "fwd":
+      return hopper.moba_forward_rows(flat(q), layout, k, v, seg, **common)
+    lse = jnp.zeros((1, t, hq), jnp.float32)
+    if kernel == "dq_sorted_do":
+      common["sorted_do"] = True
+    if kernel == "dkv_128_rows":
+      common["chunk_rows"] = 128
+    fn = hopper.moba_dkv if kernel.startswith("dkv") else hopper.moba_dq_rows
+    return fn(flat(q), flat(do), flat(lse), flat(lse), layout, k, v, seg, **common)
+
+  return lower_for_h200(run, shape(hq), shape(hkv), shape(hkv), shape(hq),
+                        jax.ShapeDtypeStruct((1, t), jnp.int32),
+                        jax.ShapeDtypeStruct((1,), jnp.int32))
+
+
 @pytest.mark.parametrize("kernel, hq, hkv, d, block_size, stages, fits", [
     ("fwd", 16, 16, 128, 512, 2, True), ("fwd", 14, 2, 64, 256, 2, True),
     ("fwd", 16, 16, 128, 512, 3, False),
@@ -542,35 +572,12 @@ def test_kernels_fit_h200_shared_memory(kernel, hq, hkv, d, block_size, stages, 
   64 with its default 128-key tiles; dk/dv there on 128-row chunk steps); one more pipeline
   stage at head_dim 128 does not (dq with both operands sorted: two more; dq's default is
   three K stages and two V), nor dk/dv's 128-row steps there."""
-  from experiments.triton_ir import lower_for_h200
-  from pallas_kernels.moba.gating import fused_gate
-  t, k_max = 32768, 3
-  shape = lambda h: jax.ShapeDtypeStruct((1, t, h, d), jnp.bfloat16)
-
-  def run(q, k, v, do, seg, budget):
-    sel = fused_gate(q, k, seg, budget, block_size=block_size, k_max=k_max, interpret=False)
-    layout = build_kv_layout(sel, seg, num_blocks=t // block_size, group_size=hq // hkv,
-                             block_rows=64, mark_full=False, pad_rows=hopper.ITEM_ROWS)
-    flat = lambda x: x.reshape(1, t * hq, *x.shape[3:])
-    common = dict(block_size=block_size, bs=HOPPER, interpret=False, stages=stages,
-                  num_ctas=132)
-    if kernel == "fwd":
-      return hopper.moba_forward_rows(flat(q), layout, k, v, seg, **common)
-    lse = jnp.zeros((1, t, hq), jnp.float32)
-    if kernel == "dq_sorted_do":
-      common["sorted_do"] = True
-    if kernel == "dkv_128_rows":
-      common["chunk_rows"] = 128
-    fn = hopper.moba_dkv if kernel.startswith("dkv") else hopper.moba_dq_rows
-    return fn(flat(q), flat(do), flat(lse), flat(lse), layout, k, v, seg, **common)
-
-  args = (shape(hq), shape(hkv), shape(hkv), shape(hq), jax.ShapeDtypeStruct((1, t), jnp.int32),
-          jax.ShapeDtypeStruct((1,), jnp.int32))
+  lower = lambda: lower_kernel_for_h200(kernel, hq, hkv, d, block_size, 32768, stages=stages)
   if fits:
-    assert "mosaic_gpu" in lower_for_h200(run, *args).as_text()
+    assert "mosaic_gpu" in lower().as_text()
   else:
     with pytest.raises(ValueError, match="shared memory"):
-      lower_for_h200(run, *args)
+      lower()
 
 
 @pytest.mark.parametrize("kernel, hq, hkv, d", [("fwd", 16, 16, 128), ("dq_sorted_do", 14, 2, 64)])
@@ -580,8 +587,6 @@ def test_unswizzled_copies_are_bulk_copies(kernel, hq, hkv, d, monkeypatch):
   makes it one bulk copy from a pointer (cp.async.bulk) rather than a tensor copy; the swizzled
   ones (K/V tiles, gathered rows, boxes) stay tensor copies."""
   from jax.experimental.mosaic.gpu import launch_context
-  from experiments.triton_ir import lower_for_h200
-  from pallas_kernels.moba.gating import fused_gate
   copies = []
   async_copy = launch_context.LaunchContext.async_copy
 
@@ -591,23 +596,7 @@ def test_unswizzled_copies_are_bulk_copies(kernel, hq, hkv, d, monkeypatch):
     return async_copy(self, **kw)
 
   monkeypatch.setattr(launch_context.LaunchContext, "async_copy", record)
-  t, block_size = 4096, 512
-  shape = lambda h: jax.ShapeDtypeStruct((1, t, h, d), jnp.bfloat16)
-
-  def run(q, k, v, do, seg, budget):
-    sel = fused_gate(q, k, seg, budget, block_size=block_size, k_max=3, interpret=False)
-    layout = build_kv_layout(sel, seg, num_blocks=t // block_size, group_size=hq // hkv,
-                             block_rows=64, mark_full=False, pad_rows=hopper.ITEM_ROWS)
-    flat = lambda x: x.reshape(1, t * hq, *x.shape[3:])
-    common = dict(block_size=block_size, bs=HOPPER, interpret=False, num_ctas=132)
-    if kernel == "fwd":
-      return hopper.moba_forward_rows(flat(q), layout, k, v, seg, **common)
-    lse = jnp.zeros((1, t, hq), jnp.float32)
-    return hopper.moba_dq_rows(flat(q), flat(do), flat(lse), flat(lse), layout, k, v, seg,
-                               sorted_do=True, **common)
-
-  lower_for_h200(run, shape(hq), shape(hkv), shape(hkv), shape(hq),
-                 jax.ShapeDtypeStruct((1, t), jnp.int32), jax.ShapeDtypeStruct((1,), jnp.int32))
+  lower_kernel_for_h200(kernel, hq, hkv, d, 512, 4096)
   plain = [oob for swizzle, oob in copies if swizzle.endswith("kNoSwizzle")]
   swizzled = [oob for swizzle, oob in copies if not swizzle.endswith("kNoSwizzle")]
   assert len(plain) >= 4 and swizzled
