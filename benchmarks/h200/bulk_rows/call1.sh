@@ -13,15 +13,8 @@
 set -uo pipefail
 OUT=${OUT:?}
 export PYTHONUNBUFFERED=1
-mkdir -p "$OUT/h128" "$OUT/h64"
-TREES="ab_base ." ROUNDS=2 PTX=1 OUT="$OUT/h128" bash experiments/h200/ab_call.sh \
-    > "$OUT/h128/call.log" 2>&1
-echo "ab_call h128: exit $?"
-cat "$OUT/h128/ptxas.txt"; tail -6 "$OUT/h128/call.log"
-TREES="ab_base ." ROUNDS=1 TRACE_ARGS="--heads h64 --block 256 --k 8" OUT="$OUT/h64" \
-    bash experiments/h200/ab_call.sh > "$OUT/h64/call.log" 2>&1
-echo "ab_call h64: exit $?"
-tail -3 "$OUT/h64/call.log"
+source experiments/h200/lib.sh
+ab_pair 2 1
 timeout 150 python3 -m pytest tests/test_moba_hopper.py -m gpu -p no:cacheprovider \
     > "$OUT/pytest.txt" 2>&1
 echo "pytest -m gpu: exit $? ($(grep -E 'passed|failed|error' "$OUT/pytest.txt" | tail -1))"
@@ -31,4 +24,4 @@ timeout 110 python3 experiments/bench_kernel.py --skip-check --backends mosaic \
 echo "bench_kernel h128: exit $?"
 grep -vE "^\{" "$OUT/h128_b512.log" | tail -4
 gzip "$OUT"/h128/ptx/*.ptx 2>/dev/null
-tar -czf /tmp/results.tgz -C "$OUT" . && rm -rf "${OUT:?}"/* && mv /tmp/results.tgz "$OUT/"
+pack_out

@@ -9,6 +9,7 @@
 # Usage on the device: bash benchmarks/h200/bulk_rows/call2.sh
 set -uo pipefail
 OUT=${OUT:?}
+source experiments/h200/lib.sh
 export PYTHONUNBUFFERED=1
 mkdir -p "$OUT/h128"
 TREES="ab_base ." ROUNDS=1 OUT="$OUT/h128" bash experiments/h200/ab_call.sh \
@@ -16,4 +17,4 @@ TREES="ab_base ." ROUNDS=1 OUT="$OUT/h128" bash experiments/h200/ab_call.sh \
 echo "ab_call h128: exit $?"
 grep -A3 "per trace" "$OUT/h128/call.log"
 SEQ=65536 HEADS=h64 BLOCKS=256 KS="2 4 8 16 32" LIMIT=390 bash benchmarks/h200/grid2/call.sh
-tar -czf /tmp/results.tgz -C "$OUT" . && rm -rf "${OUT:?}"/* && mv /tmp/results.tgz "$OUT/"
+pack_out

@@ -5,6 +5,7 @@
 # Usage on the device: bash benchmarks/h200/bulk_rows/call3.sh
 set -uo pipefail
 OUT=${OUT:?}
+source experiments/h200/lib.sh
 SEQ=65536 HEADS=h64 BLOCKS=512 KS="2 4 32" LIMIT=250 bash benchmarks/h200/grid2/call.sh
 SEQ=8192 HEADS=h64 BLOCKS=256 KS=32 LIMIT=90 bash benchmarks/h200/grid2/call.sh
-tar -czf /tmp/results.tgz -C "$OUT" . && rm -rf "${OUT:?}"/* && mv /tmp/results.tgz "$OUT/"
+pack_out

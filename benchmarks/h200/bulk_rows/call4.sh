@@ -6,8 +6,9 @@
 # Usage on the device: bash benchmarks/h200/bulk_rows/call4.sh
 set -uo pipefail
 OUT=${OUT:?}
+source experiments/h200/lib.sh
 mkdir -p "$OUT/h128"
 TREES="ab_base ." ROUNDS=1 OUT="$OUT/h128" bash experiments/h200/ab_call.sh > "$OUT/h128/call.log" 2>&1
 echo "exit $?"
 grep -A3 "per trace" "$OUT/h128/call.log"
-tar -czf /tmp/r.tgz -C "$OUT" . && rm -rf "${OUT:?}"/* && mv /tmp/r.tgz "$OUT/"
+pack_out
