@@ -584,8 +584,9 @@ def test_kernels_fit_h200_shared_memory(kernel, hq, hkv, d, block_size, stages, 
 def test_unswizzled_copies_are_bulk_copies(kernel, hq, hkv, d, monkeypatch):
   """Lowered for an H200 on the CPU, every copy the streams make into unswizzled shared memory
   (row ids, the rows' segments and positions, key segments) promises to stay in bounds, which
-  makes it one bulk copy from a pointer (cp.async.bulk) rather than a tensor copy; the swizzled
-  ones (K/V tiles, gathered rows, boxes) stay tensor copies."""
+  makes it one bulk copy from a pointer (cp.async.bulk) rather than a tensor copy. The swizzled
+  ones (K/V tiles, gathered rows, boxes), tensor copies whatever their mode, are only checked to
+  be there."""
   from jax.experimental.mosaic.gpu import launch_context
   copies = []
   async_copy = launch_context.LaunchContext.async_copy
