@@ -317,6 +317,21 @@ def longest_first(length_I):
   return jnp.zeros((num,), jnp.int32).at[rank_I].set(idx_I, unique_indices=True)
 
 
+def dkv_chunk_steps(layout, segment_ids_BT, *, block_size: int, chunk: int, group_heads: int):
+  """(first [B, G, n, 2], end [B, G, n]): per key tile n of DKV_TILE keys, the chunk steps
+  (`chunk` sorted rows each) of its block's run that each 64-key half (a compute warpgroup's
+  keys) computes - from its first to the run's end. A half's first skips the chunk steps that
+  hold only own-block rows before its keys (in whole chunk steps: a step's rows before the
+  keys are masked out); the tile's first is its first half's. Runs are padded to ITEM_ROWS
+  rows, so every run is whole chunk steps."""
+  b = segment_ids_BT.shape[0]
+  skip_B1nW = keys_before_tile(segment_ids_BT, block_size=block_size, tile=_ROWS).reshape(
+      b, 1, -1, DKV_TILE // _ROWS)
+  chunks_BGn2 = jnp.repeat(layout.block_chunks_BGN2, block_size // DKV_TILE, axis=2)
+  first_BGnW = (chunks_BGn2[..., :1] * _ROWS + skip_B1nW * group_heads) // chunk
+  return first_BGnW, chunks_BGn2[..., 1] // (chunk // _ROWS)
+
+
 def moba_dkv(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_ids_BT, *,
              block_size, bs: MobaBlockSizes, interpret: bool | plgpu.InterpretGPUParams,
              stages: int = 2, num_ctas: int | None = None, q_rows=None, do_rows=None,
@@ -343,17 +358,10 @@ def moba_dkv(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_id
   if chunk not in (_ROWS, ITEM_ROWS):
     raise ValueError(f"chunk_rows must be {_ROWS} or {ITEM_ROWS}, got {chunk_rows}")
   per = chunk // _ROWS  # the layout's 64-row chunks per chunk step
-  gh = s // t // g
-  # Chunks of the tile's block, less those holding only own-block rows before the tile (in
-  # whole chunk steps: a step's rows before the tile are masked out), and per 64-key half
-  # (a compute warpgroup's keys) less those before the half. Runs are padded to ITEM_ROWS
-  # rows, so every run is whole chunk steps.
-  skip_B1nW = keys_before_tile(segment_ids_BT, block_size=block_size, tile=_ROWS).reshape(
-      b, 1, -1, DKV_TILE // _ROWS)
-  chunks_BGn2 = jnp.repeat(layout.block_chunks_BGN2, block_size // DKV_TILE, axis=2)
-  first_BGnW = (chunks_BGn2[..., :1] * _ROWS + skip_B1nW * gh) // chunk
+  first_BGnW, end_BGn = dkv_chunk_steps(layout, segment_ids_BT, block_size=block_size,
+                                        chunk=chunk, group_heads=s // t // g)
   first = first_BGnW[..., 0].reshape(-1).astype(jnp.int32)
-  end = (chunks_BGn2[..., 1] // per).reshape(-1).astype(jnp.int32)
+  end = end_BGn.reshape(-1).astype(jnp.int32)
   num_ctas = _grid(num_ctas, interpret)
   split = bs.fit(block_size, d).split_dkv_runs
   items = dkv_items(first, end, num_ctas, split=split,

@@ -1,0 +1,136 @@
+"""The tensor-core work each Hopper kernel does at one point, counted from its item plans (no
+GPU): the products every item's tiles take, against the useful FLOPs the benchmarks count
+(4 * D per attended (query, key) pair forward, 2.5x that backward). With a traced step
+(`trace_moba.py --out`) and a `bench_kernel.py --out` JSON holding that run's cuDNN row, it
+also gives each kernel's rate on the work it does and sets it beside cuDNN's rate on the GPU's
+clock: what separates the step from cuDNN's useful-FLOP rate, kernel speed or the work the
+structure adds (dq's products again in dk/dv, masked tiles, padding rows, merges, gating).
+
+    python -m experiments.tensor_work --seq 32768 --block 512 --k 3 --heads h128 \\
+        --trace trace.json --bench bench.json --out work.json
+
+The gate's selection is the XLA gate's (`moba_gate`) on bench_kernel's inputs (seed 0), which
+the fused gate matches but for near ties; counting runs on the CPU in about a minute at
+S=32K.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import jax
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from experiments.bench_kernel import (add_point_args, attended_pairs, HEADS,  # noqa: E402
+                                      point_inputs)
+from pallas_kernels.moba import hopper, moba_gate  # noqa: E402
+from pallas_kernels.moba.kv_layout import build_kv_layout  # noqa: E402
+
+_HALF = hopper.ITEM_ROWS // 2  # a compute warpgroup's rows (forward, dq) or keys (dk/dv)
+# The step's kernels, by their trace names.
+_KERNELS = {"forward": "moba_fwd_hopper", "dq": "moba_dq_hopper", "dk/dv": "moba_dkv_hopper"}
+
+
+def kernel_work(sel, seg, *, block: int, hq: int, hkv: int, d: int) -> dict[str, dict]:
+  """Per kernel: the products its compute warpgroups issue at the step's defaults (key tiles,
+  half steps, chunk rows by head_dim, as moba_forward_rows, moba_dq_rows and moba_dkv choose
+  them), as FLOPs (2 per multiply-add) and key steps (forward, dq) or chunk steps (dk/dv)."""
+  t = seg.shape[1]
+  layout = build_kv_layout(sel, seg, num_blocks=t // block, group_size=hq // hkv,
+                           block_rows=_HALF, mark_full=False, pad_rows=hopper.ITEM_ROWS)
+  out = {}
+  # (kernel, key tile, products per key step, each warpgroup on its own half's steps)
+  for name, block_kv, products, half_steps in (
+      ("forward", 128, 2, d >= 128), ("dq", 64 if d >= 128 else 128, 3, d >= 128)):
+    ids, num, _, steps, _ = jax.jit(
+        lambda layout, seg: hopper.persistent_items(layout, seg, block_size=block,
+                                                    block_kv=block_kv))(layout, seg)
+    steps = np.asarray(steps)[np.asarray(ids)[:int(num[0])]]  # [used items, 2 halves]
+    if not half_steps:  # both warpgroups run the item's longer half's steps
+      steps = np.repeat(steps.max(axis=1, keepdims=True), 2, axis=1)
+    n = int(steps.sum())
+    out[name] = dict(steps=n, items=len(steps),
+                     flops=2.0 * products * n * _HALF * block_kv * d)
+  chunk = _HALF if d >= 128 else hopper.ITEM_ROWS
+  first, end = jax.jit(lambda layout, seg: hopper.dkv_chunk_steps(
+      layout, seg, block_size=block, chunk=chunk, group_heads=hq // hkv))(layout, seg)
+  n = int(np.maximum(np.asarray(end)[..., None] - np.asarray(first), 0).sum())
+  out["dk/dv"] = dict(steps=n, items=int(np.asarray(end).size),
+                      flops=2.0 * 4 * n * _HALF * chunk * d)
+  return out
+
+
+def main():
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  add_point_args(p)
+  p.add_argument("--trace", help="trace_moba.py's JSON of the same point (kernel times)")
+  p.add_argument("--bench", help="bench_kernel.py's JSON with the same run's cuDNN row")
+  p.add_argument("--out", help="write the rows as JSON here")
+  args = p.parse_args()
+  hq, hkv, d = HEADS[args.heads]
+  _, q, k, _, _, seg, budget = point_inputs(args)
+  sel = jax.jit(lambda q, k: moba_gate(q, k, seg, budget, block_size=args.block,
+                                       k_max=args.k))(q, k)
+  useful_fwd = 4.0 * d * attended_pairs(sel, args.block, hq // hkv)
+  work = kernel_work(sel, seg, block=args.block, hq=hq, hkv=hkv, d=d)
+  # The useful FLOPs each kernel's products stand for: the forward's two, the backward's five
+  # (S and dP once, dV, dK in dk/dv, dQ in dq).
+  useful = {"forward": useful_fwd, "dq": useful_fwd / 2, "dk/dv": useful_fwd * 2}
+  times, cudnn = {}, None
+  if args.trace:
+    rows = json.load(open(args.trace))["rows"]
+    times = {name: sum(r["ms_per_step"] for r in rows if r["kernel"].startswith(prefix))
+             for name, prefix in _KERNELS.items()}
+    times["step"] = sum(r["ms_per_step"] for r in rows)
+  if args.bench:
+    cudnn = next(r for r in json.load(open(args.bench))["rows"] if r.get("kind") == "cudnn")
+  print(f"S={args.seq} block {args.block} k={args.k} {hq}/{hkv} x {d}: useful forward "
+        f"{useful_fwd / 1e12:.3f} TFLOP, forward+backward {3.5 * useful_fwd / 1e12:.3f}")
+  print(f"{'kernel':8s} {'steps':>8s} {'TFLOP done':>10s} {'x useful':>8s} {'ms':>7s} "
+        f"{'TF/s done':>9s} {'x cuDNN':>7s}")
+  report = []
+  for name, w in work.items():
+    row = dict(kernel=name, **w, useful_flops=useful[name], work_over_useful=w["flops"] /
+               useful[name])
+    line = (f"{name:8s} {w['steps']:8d} {w['flops'] / 1e12:10.3f} "
+            f"{row['work_over_useful']:8.2f}")
+    if name in times:
+      row["ms"] = times[name]
+      row["tflops_done"] = w["flops"] / times[name] / 1e9
+      line += f" {times[name]:7.3f} {row['tflops_done']:9.1f}"
+      if cudnn:
+        row["x_cudnn_span"] = row["tflops_done"] / cudnn["fwdbwd_span_tflops"]
+        line += f" {row['x_cudnn_span']:7.3f}"
+    print(line)
+    report.append(row)
+  total = sum(w["flops"] for w in work.values())
+  summary = dict(useful_fwdbwd_flops=3.5 * useful_fwd, work_flops=total,
+                 work_over_useful=total / (3.5 * useful_fwd))
+  print(f"all three: {total / 1e12:.3f} TFLOP done for {3.5 * useful_fwd / 1e12:.3f} useful "
+        f"({summary['work_over_useful']:.2f}x)")
+  if times:
+    kernels_ms = sum(times[n] for n in work)
+    summary.update(step_ms=times["step"], kernels_ms=kernels_ms,
+                   other_ms=times["step"] - kernels_ms)
+    print(f"step {times['step']:.3f} ms of GPU time: the three kernels {kernels_ms:.3f}, the "
+          f"rest (merges, gating, item lists, glue) {times['step'] - kernels_ms:.3f}")
+    if cudnn:
+      rate = cudnn["fwdbwd_span_tflops"]
+      summary.update(cudnn_span_tflops=rate,
+                     x_cudnn_span=3.5 * useful_fwd / times["step"] / 1e9 / rate,
+                     x_cudnn_if_kernels_at_cudnn_rate=3.5 * useful_fwd / 1e9 / rate
+                     / (total / 1e9 / rate + times["step"] - kernels_ms))
+      print(f"cuDNN {rate:.1f} TF/s on the GPU's clock: the step {summary['x_cudnn_span']:.3f}x; "
+            f"with the three kernels at cuDNN's rate on the work they do "
+            f"{summary['x_cudnn_if_kernels_at_cudnn_rate']:.3f}x")
+  if args.out:
+    with open(args.out, "w") as f:
+      json.dump(dict(point=vars(args), kernels=report, summary=summary), f, indent=1)
+
+
+if __name__ == "__main__":
+  main()
