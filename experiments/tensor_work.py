@@ -38,7 +38,8 @@ _KERNELS = {"forward": "moba_fwd_hopper", "dq": "moba_dq_hopper", "dk/dv": "moba
 def kernel_work(sel, seg, *, block: int, hq: int, hkv: int, d: int) -> dict[str, dict]:
   """Per kernel: the products its compute warpgroups issue at the step's defaults (key tiles,
   half steps, chunk rows by head_dim, as moba_forward_rows, moba_dq_rows and moba_dkv choose
-  them), as FLOPs (2 per multiply-add) and key steps (forward, dq) or chunk steps (dk/dv)."""
+  them), as FLOPs (2 per multiply-add), steps summed over the 64-row (64-key) halves - key
+  steps (forward, dq) or chunk steps (dk/dv) - and items (dk/dv: key tiles with steps)."""
   t = seg.shape[1]
   layout = build_kv_layout(sel, seg, num_blocks=t // block, group_size=hq // hkv,
                            block_rows=_HALF, mark_full=False, pad_rows=hopper.ITEM_ROWS)
@@ -46,21 +47,22 @@ def kernel_work(sel, seg, *, block: int, hq: int, hkv: int, d: int) -> dict[str,
   # (kernel, key tile, products per key step, each warpgroup on its own half's steps)
   for name, block_kv, products, half_steps in (
       ("forward", 128, 2, d >= 128), ("dq", 64 if d >= 128 else 128, 3, d >= 128)):
-    ids, num, _, steps, _ = jax.jit(
+    ids, num, _, steps_F2, _ = jax.jit(
         lambda layout, seg: hopper.persistent_items(layout, seg, block_size=block,
                                                     block_kv=block_kv))(layout, seg)
-    steps = np.asarray(steps)[np.asarray(ids)[:int(num[0])]]  # [used items, 2 halves]
+    steps_I2 = np.asarray(steps_F2)[np.asarray(ids)[:int(num[0])]]  # used items' two halves
     if not half_steps:  # both warpgroups run the item's longer half's steps
-      steps = np.repeat(steps.max(axis=1, keepdims=True), 2, axis=1)
-    n = int(steps.sum())
-    out[name] = dict(steps=n, items=len(steps),
-                     flops=2.0 * products * n * _HALF * block_kv * d)
+      steps_I2 = np.repeat(steps_I2.max(axis=1, keepdims=True), 2, axis=1)
+    steps = int(steps_I2.sum())
+    out[name] = dict(steps=steps, items=len(steps_I2),
+                     flops=2.0 * products * steps * _HALF * block_kv * d)
   chunk = _HALF if d >= 128 else hopper.ITEM_ROWS
-  first, end = jax.jit(lambda layout, seg: hopper.dkv_chunk_steps(
+  first_BGnW, end_BGn = jax.jit(lambda layout, seg: hopper.dkv_chunk_steps(
       layout, seg, block_size=block, chunk=chunk, group_heads=hq // hkv))(layout, seg)
-  n = int(np.maximum(np.asarray(end)[..., None] - np.asarray(first), 0).sum())
-  out["dk/dv"] = dict(steps=n, items=int(np.asarray(end).size),
-                      flops=2.0 * 4 * n * _HALF * chunk * d)
+  steps_BGnW = np.maximum(np.asarray(end_BGn)[..., None] - np.asarray(first_BGnW), 0)
+  steps = int(steps_BGnW.sum())
+  out["dk/dv"] = dict(steps=steps, items=int((steps_BGnW[..., 0] > 0).sum()),  # key tiles
+                      flops=2.0 * 4 * steps * _HALF * chunk * d)
   return out
 
 

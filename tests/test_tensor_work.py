@@ -43,5 +43,6 @@ def test_kernel_work_every_eligible_block(d):
   chunk = 64 if d >= 128 else 128
   per_run = [r * block // chunk for r in runs]
   dkv_steps = sum(per_run) + sum(c - (1 if chunk == 64 else 0) for c in per_run)
+  assert work["dk/dv"]["items"] == n  # one 128-key tile per block
   assert work["dk/dv"]["steps"] == dkv_steps
   assert work["dk/dv"]["flops"] == 2 * 4 * dkv_steps * 64 * chunk * d
