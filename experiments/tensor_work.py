@@ -37,16 +37,16 @@ _KERNELS = {"forward": "moba_fwd_hopper", "dq": "moba_dq_hopper", "dk/dv": "moba
 
 def kernel_work(sel, seg, *, block: int, hq: int, hkv: int, d: int) -> dict[str, dict]:
   """Per kernel: the products its compute warpgroups issue at the step's defaults (key tiles,
-  half steps, chunk rows by head_dim, as moba_forward_rows, moba_dq_rows and moba_dkv choose
-  them), as FLOPs (2 per multiply-add), steps summed over the 64-row (64-key) halves - key
-  steps (forward, dq) or chunk steps (dk/dv) - and items (dk/dv: key tiles with steps)."""
+  half steps, chunk rows by head_dim: hopper.forward_schedule, dq_schedule, dkv_chunk_rows),
+  as FLOPs (2 per multiply-add), steps summed over the 64-row (64-key) halves - key steps
+  (forward, dq) or chunk steps (dk/dv) - and items (dk/dv: key tiles with steps)."""
   t = seg.shape[1]
   layout = build_kv_layout(sel, seg, num_blocks=t // block, group_size=hq // hkv,
                            block_rows=_HALF, mark_full=False, pad_rows=hopper.ITEM_ROWS)
   out = {}
-  # (kernel, key tile, products per key step, each warpgroup on its own half's steps)
-  for name, block_kv, products, half_steps in (
-      ("forward", 128, 2, d >= 128), ("dq", 64 if d >= 128 else 128, 3, d >= 128)):
+  for name, sched, products in (("forward", hopper.forward_schedule(d), 2),
+                                ("dq", hopper.dq_schedule(d), 3)):
+    block_kv, half_steps = min(sched.block_kv, block), sched.half_steps
     ids, num, _, steps_F2, _ = jax.jit(
         lambda layout, seg: hopper.persistent_items(layout, seg, block_size=block,
                                                     block_kv=block_kv))(layout, seg)
@@ -56,7 +56,7 @@ def kernel_work(sel, seg, *, block: int, hq: int, hkv: int, d: int) -> dict[str,
     steps = int(steps_I2.sum())
     out[name] = dict(steps=steps, items=len(steps_I2),
                      flops=2.0 * products * steps * _HALF * block_kv * d)
-  chunk = _HALF if d >= 128 else hopper.ITEM_ROWS
+  chunk = hopper.dkv_chunk_rows(d)
   first_BGnW, end_BGn = jax.jit(lambda layout, seg: hopper.dkv_chunk_steps(
       layout, seg, block_size=block, chunk=chunk, group_heads=hq // hkv))(layout, seg)
   steps_BGnW = np.maximum(np.asarray(end_BGn)[..., None] - np.asarray(first_BGnW), 0)

@@ -317,6 +317,14 @@ def longest_first(length_I):
   return jnp.zeros((num,), jnp.int32).at[rank_I].set(idx_I, unique_indices=True)
 
 
+def dkv_chunk_rows(d: int, chunk_rows: int | None = None) -> int:
+  """moba_dkv's sorted rows per chunk step at head_dim d (its docstring says why)."""
+  chunk = (ITEM_ROWS if d < 128 else _ROWS) if chunk_rows is None else chunk_rows
+  if chunk not in (_ROWS, ITEM_ROWS):
+    raise ValueError(f"chunk_rows must be {_ROWS} or {ITEM_ROWS}, got {chunk_rows}")
+  return chunk
+
+
 def dkv_chunk_steps(layout, segment_ids_BT, *, block_size: int, chunk: int, group_heads: int):
   """(first [B, G, n, 2], end [B, G, n]): per key tile n of DKV_TILE keys, the chunk steps
   (`chunk` sorted rows each) of its block's run that each 64-key half (a compute warpgroup's
@@ -354,9 +362,7 @@ def moba_dkv(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_id
   s = lse_BS.shape[1]
   t = k_BTKD.shape[1]
   check_supported(q_rows.dtype, d, bs, block_size)
-  chunk = (ITEM_ROWS if d < 128 else _ROWS) if chunk_rows is None else chunk_rows
-  if chunk not in (_ROWS, ITEM_ROWS):
-    raise ValueError(f"chunk_rows must be {_ROWS} or {ITEM_ROWS}, got {chunk_rows}")
+  chunk = dkv_chunk_rows(d, chunk_rows)
   per = chunk // _ROWS  # the layout's 64-row chunks per chunk step
   first_BGnW, end_BGn = dkv_chunk_steps(layout, segment_ids_BT, block_size=block_size,
                                         chunk=chunk, group_heads=s // t // g)

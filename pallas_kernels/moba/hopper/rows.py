@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -61,6 +62,36 @@ def _check_half_steps(half_steps: bool, pingpong: bool):
   if half_steps and pingpong:
     raise ValueError("half_steps=True needs pingpong=False: under ping-pong both compute "
                      "warpgroups take every turn of an item")
+
+
+class RowSchedule(NamedTuple):
+  """How the forward or dq kernel runs an item (moba_forward_rows' and moba_dq_rows' arguments
+  of the same names, their defaults resolved)."""
+  block_kv: int     # keys per K/V tile (at most the block's)
+  overlap: bool     # a step's first products issued with the previous step's update
+  pingpong: bool    # strict turns on the tensor cores
+  half_steps: bool  # each compute warpgroup on its own half's key steps
+
+
+def forward_schedule(d: int, *, block_kv: int = 128, overlap: bool = False,
+                     pingpong: bool | None = None, half_steps: bool | None = None
+                     ) -> RowSchedule:
+  """moba_forward_rows' schedule at head_dim d (its docstring gives the measurements)."""
+  pingpong = d < 128 if pingpong is None else pingpong
+  half_steps = not pingpong if half_steps is None else half_steps
+  _check_half_steps(half_steps, pingpong)
+  return RowSchedule(block_kv, overlap, pingpong, half_steps)
+
+
+def dq_schedule(d: int, *, block_kv: int | None = None, overlap: bool | None = None,
+                pingpong: bool | None = None, half_steps: bool | None = None) -> RowSchedule:
+  """moba_dq_rows' schedule at head_dim d (its docstring gives the measurements)."""
+  block_kv = (64 if d >= 128 else 128) if block_kv is None else block_kv
+  overlap = d >= 128 if overlap is None else overlap
+  pingpong = bool(pingpong)
+  half_steps = d >= 128 and not pingpong if half_steps is None else half_steps
+  _check_half_steps(half_steps, pingpong)
+  return RowSchedule(block_kv, overlap, pingpong, half_steps)
 
 
 def _pass_steps(bars, first, n, gstep, k_stages, v_stages):
@@ -504,13 +535,12 @@ def moba_forward_rows(q_BSD, layout, k_BTKD, v_BTKD, segment_ids_BT, *, block_si
   b, _, d = q_BSD.shape
   _, g, l = layout.row_src_BGL.shape
   _check_operands(q_BSD.dtype, d, bs)
-  pingpong = d < 128 if pingpong is None else pingpong
-  half_steps = not pingpong if half_steps is None else half_steps
-  _check_half_steps(half_steps, pingpong)
-  bkv = _check_layout(layout, block_size, block_kv)
+  sched = forward_schedule(d, block_kv=block_kv, overlap=overlap, pingpong=pingpong,
+                           half_steps=half_steps)
+  bkv = _check_layout(layout, block_size, sched.block_kv)
   dt = q_BSD.dtype
   return _launch(
-      functools.partial(_fwd_kernel, overlap=overlap, half_steps=half_steps),
+      functools.partial(_fwd_kernel, overlap=sched.overlap, half_steps=sched.half_steps),
       (layout.row_src_BGL, layout.row_seg_BGL, layout.row_pos_BGL, q_BSD, k_BTKD, v_BTKD,
        segment_ids_BT.astype(jnp.int32), _heads_view(q_BSD, k_BTKD)),
       [jax.ShapeDtypeStruct((b, g, l, d), dt), jax.ShapeDtypeStruct((b, g, l), jnp.float32)]
@@ -518,7 +548,8 @@ def moba_forward_rows(q_BSD, layout, k_BTKD, v_BTKD, segment_ids_BT, *, block_si
       name="moba_fwd_hopper", layout=layout, segment_ids_BT=segment_ids_BT,
       block_size=block_size, block_kv=bkv, stages=stages, presorted=(False,), d=d, dt=dt,
       row_out=True, num_ctas=num_ctas, interpret=interpret,
-      num_heads=q_BSD.shape[1] // k_BTKD.shape[1], kv_heads=k_BTKD.shape[2], pingpong=pingpong)
+      num_heads=q_BSD.shape[1] // k_BTKD.shape[1], kv_heads=k_BTKD.shape[2],
+      pingpong=sched.pingpong)
 
 
 def moba_dq_rows(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_ids_BT, *,
@@ -560,8 +591,9 @@ def moba_dq_rows(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segmen
   if sorted_do and (do_BSD is None or do_rows is not None):
     raise ValueError("sorted_do gathers dO's rows in the kernel: give do_BSD, not do_rows")
   d = (q_BSD if q_BSD is not None else q_rows).shape[-1]
-  block_kv = (64 if d >= 128 else 128) if block_kv is None else block_kv
-  bkv = _check_layout(layout, block_size, block_kv)
+  sched = dq_schedule(d, block_kv=block_kv, overlap=overlap, pingpong=pingpong,
+                      half_steps=half_steps)
+  bkv = _check_layout(layout, block_size, sched.block_kv)
   q = _sorted(q_BSD, q_rows, layout, interpret, "q") if presorted else q_BSD
   if sorted_do or not presorted:
     do = do_BSD.astype(q.dtype)
@@ -569,12 +601,8 @@ def moba_dq_rows(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segmen
     do = _sorted(do_BSD, do_rows, layout, interpret, "do").astype(q.dtype)
   dt = q.dtype
   _check_operands(dt, d, bs)
-  overlap = d >= 128 if overlap is None else overlap
-  pingpong = bool(pingpong)
-  half_steps = d >= 128 and not pingpong if half_steps is None else half_steps
-  _check_half_steps(half_steps, pingpong)
   out = _launch(
-      functools.partial(_dq_kernel, overlap=overlap, half_steps=half_steps),
+      functools.partial(_dq_kernel, overlap=sched.overlap, half_steps=sched.half_steps),
       (layout.row_src_BGL, layout.row_seg_BGL, layout.row_pos_BGL, sorted_rows(lse_BS, layout),
        sorted_rows(delta_BS, layout), q, do, k_BTKD, v_BTKD,
        segment_ids_BT.astype(jnp.int32),
@@ -585,7 +613,7 @@ def moba_dq_rows(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segmen
       block_size=block_size, block_kv=bkv, stages=stages,
       presorted=(presorted, presorted and not sorted_do), d=d, dt=dt, num_ctas=num_ctas,
       interpret=interpret, num_heads=lse_BS.shape[1] // k_BTKD.shape[1],
-      kv_heads=k_BTKD.shape[2], pingpong=pingpong)
+      kv_heads=k_BTKD.shape[2], pingpong=sched.pingpong)
   return tuple(out) if sorted_do else out[0]
 
 
