@@ -357,7 +357,7 @@ def moba_dkv(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_id
   _check_layout(layout, block_size, 64)
   q_rows = _sorted(q_BSD, q_rows, layout, interpret, "q")
   do_rows = _sorted(do_BSD, do_rows, layout, interpret, "do")
-  b, g, l = layout.row_src_BGL.shape
+  g = layout.row_src_BGL.shape[1]
   d = q_rows.shape[-1]
   s = lse_BS.shape[1]
   t = k_BTKD.shape[1]
