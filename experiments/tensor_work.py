@@ -10,8 +10,8 @@ structure adds (dq's products again in dk/dv, masked tiles, padding rows, merges
         --trace trace.json --bench bench.json --out work.json
 
 The gate's selection is the XLA gate's (`moba_gate`) on bench_kernel's inputs (seed 0), which
-the fused gate matches but for near ties; counting runs on the CPU in about a minute at
-S=32K.
+the fused gate matches but for near ties; counting takes under a minute on the CPU at S=32K.
+A trace or cuDNN row of another point is an error.
 """
 
 from __future__ import annotations
@@ -84,12 +84,21 @@ def main():
   useful = {"forward": useful_fwd, "dq": useful_fwd / 2, "dk/dv": useful_fwd * 2}
   times, cudnn = {}, None
   if args.trace:
-    rows = json.load(open(args.trace))["rows"]
+    trace = json.load(open(args.trace))
+    for key in ("seq", "block", "k", "heads"):
+      if trace[key] != getattr(args, key):
+        raise ValueError(f"{args.trace} traced {key}={trace[key]}, not --{key} "
+                         f"{getattr(args, key)}")
+    rows = trace["rows"]
     times = {name: sum(r["ms_per_step"] for r in rows if r["kernel"].startswith(prefix))
              for name, prefix in _KERNELS.items()}
     times["step"] = sum(r["ms_per_step"] for r in rows)
   if args.bench:
-    cudnn = next(r for r in json.load(open(args.bench))["rows"] if r.get("kind") == "cudnn")
+    want = dict(seq=args.seq, heads="{}/{}".format(*HEADS[args.heads][:2]))
+    cudnn = next((r for r in json.load(open(args.bench))["rows"] if r.get("kind") == "cudnn"
+                  and all(r.get(key) == value for key, value in want.items())), None)
+    if cudnn is None:
+      raise ValueError(f"{args.bench} holds no cuDNN row at {want}")
   print(f"S={args.seq} block {args.block} k={args.k} {hq}/{hkv} x {d}: useful forward "
         f"{useful_fwd / 1e12:.3f} TFLOP, forward+backward {3.5 * useful_fwd / 1e12:.3f}")
   print(f"{'kernel':8s} {'steps':>8s} {'TFLOP done':>10s} {'x useful':>8s} {'ms':>7s} "

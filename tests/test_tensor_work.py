@@ -1,5 +1,8 @@
 """experiments/tensor_work.py: the Hopper kernels' tensor-core work, counted from their item
-plans, against a count made by hand for a selection whose plans are known in closed form."""
+plans, against a count made by hand for a selection whose plans are known in closed form; a
+trace of another point refused."""
+
+import json
 
 import jax
 import jax.numpy as jnp
@@ -46,3 +49,14 @@ def test_kernel_work_every_eligible_block(d):
   assert work["dk/dv"]["items"] == n  # one 128-key tile per block
   assert work["dk/dv"]["steps"] == dkv_steps
   assert work["dk/dv"]["flops"] == 2 * 4 * dkv_steps * 64 * chunk * d
+
+
+def test_a_trace_of_another_point_is_an_error(tmp_path, monkeypatch):
+  """main() refuses a trace whose point differs from the one it counts, naming the field."""
+  from experiments import tensor_work
+  trace = tmp_path / "trace.json"
+  trace.write_text(json.dumps(dict(seq=512, block=128, k=2, heads="tiny", rows=[])))
+  monkeypatch.setattr("sys.argv", ["tensor_work", "--seq", "512", "--block", "128", "--k", "3",
+                                   "--heads", "tiny", "--trace", str(trace)])
+  with pytest.raises(ValueError, match="traced k=2, not --k 3"):
+    tensor_work.main()
