@@ -27,12 +27,11 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from experiments.bench_kernel import (add_point_args, attended_pairs, HEADS,  # noqa: E402
                                       point_inputs)
+from experiments.h200.trace_table import kernel_times  # noqa: E402
 from pallas_kernels.moba import hopper, moba_gate  # noqa: E402
 from pallas_kernels.moba.kv_layout import build_kv_layout  # noqa: E402
 
 _HALF = hopper.ITEM_ROWS // 2  # a compute warpgroup's rows (forward, dq) or keys (dk/dv)
-# The step's kernels, by their trace names.
-_KERNELS = {"forward": "moba_fwd_hopper", "dq": "moba_dq_hopper", "dk/dv": "moba_dkv_hopper"}
 
 
 def kernel_work(sel, seg, *, block: int, hq: int, hkv: int, d: int) -> dict[str, dict]:
@@ -89,10 +88,7 @@ def main():
       if trace[key] != getattr(args, key):
         raise ValueError(f"{args.trace} traced {key}={trace[key]}, not --{key} "
                          f"{getattr(args, key)}")
-    rows = trace["rows"]
-    times = {name: sum(r["ms_per_step"] for r in rows if r["kernel"].startswith(prefix))
-             for name, prefix in _KERNELS.items()}
-    times["step"] = sum(r["ms_per_step"] for r in rows)
+    times = dict(kernel_times(trace), step=trace["kernel_ms_per_step"])
   if args.bench:
     want = dict(seq=args.seq, heads="{}/{}".format(*HEADS[args.heads][:2]))
     cudnn = next((r for r in json.load(open(args.bench))["rows"] if r.get("kind") == "cudnn"

@@ -11,13 +11,19 @@ import sys
 KERNELS = {"forward": "moba_fwd", "dq": "moba_dq", "dk/dv": "moba_dkv", "gate": "moba_gate_topk"}
 
 
+def kernel_times(trace: dict) -> dict[str, float]:
+  """ms per step of each of KERNELS in a trace_moba.py JSON (summed over the kernels whose
+  names hold its mark)."""
+  return {k: sum(r["ms_per_step"] for r in trace["rows"] if m in r["kernel"])
+          for k, m in KERNELS.items()}
+
+
 def main(paths):
   for path in paths:
     if not os.path.exists(path):  # an unmatched glob, or a run that wrote nothing
       continue
     d = json.load(open(path))
-    times = {k: sum(r["ms_per_step"] for r in d["rows"] if m in r["kernel"])
-             for k, m in KERNELS.items()}
+    times = kernel_times(d)
     name = os.path.join(os.path.basename(os.path.dirname(path)), os.path.basename(path))
     print(f"{name:34s} kernels {d['kernel_ms_per_step']:.3f} span {d['step_span_ms']:.3f} "
           f"idle {d['step_idle_ms']:.3f} "
