@@ -18,15 +18,18 @@ from tests.test_moba_kernel import assert_close, make_inputs, rel_err, run_both
 HOPPER = MobaBlockSizes(block_rows=64, block_k=64, block_k_dkv=64)
 
 
-def kernel_args(hq, hkv, block_size, d=64):
+def kernel_args(hq, hkv, block_size, d=64, key_scale=None):
   """q, dO, lse, delta flattened to [B, T * Hq, ...], the layout padded for the Hopper
   kernels, k, v and segment ids (the backward kernels' arguments; the forward takes q and
   the last four), on fresh bf16 inputs with packed documents and ragged budgets. Any finite
   lse and delta define the same function in the Triton and Hopper kernels; these are of the
-  size the real ones take."""
+  size the real ones take. key_scale: each block's second half of keys times this."""
   rng = np.random.default_rng()
   b, t, k_max = 2, 4 * block_size, 3
   q, k, v, do = make_inputs(rng, b, t, hq, hkv, d, jnp.bfloat16)
+  if key_scale is not None:
+    late = (np.arange(t) % block_size >= block_size // 2)[None, :, None, None]
+    k = jnp.where(late, k * key_scale, k).astype(k.dtype)
   seg = packed_segments(rng, b, t, block_size, aligned=bool(rng.integers(2)))
   budget = jnp.asarray(rng.integers(1, k_max + 1, size=b), jnp.int32)
   sel = moba_gate(q, k, seg, budget, block_size=block_size, k_max=k_max)
@@ -179,6 +182,28 @@ def test_rows_match_triton_forward(hq, hkv, block_size, overlap, pingpong, block
                                 np.asarray(hopper.sorted_rows(q_BSD, layout))[real_BGL])
   # A used item's padding rows hold rows of q too (which ones, _half_plans says).
   assert np.isfinite(np.asarray(got_q, np.float32)[item_rows_BGL]).all()
+  np.testing.assert_allclose(np.asarray(got_lse)[real_BGL], np.asarray(want_lse)[real_BGL],
+                             rtol=1e-5, atol=1e-5)
+  assert_outputs_close(got_o, want_o, real_BGL, args, block_size=block_size, bs=tiles)
+
+
+def test_forward_rescales_where_row_maxima_rise():
+  """Each block's second half of keys scaled up 8x raises the rows' score maxima in an item's
+  later key steps (by ~2^5 in the exponent), so the forward's running maxima move mid-item and
+  its output is rescaled there, not only on an item's first step; outputs and lse as the
+  Triton forward's on the same inputs."""
+  block_size, block_kv = 256, 64
+  q_BSD, _, _, _, layout, k, v, seg = kernel_args(2, 2, block_size, key_scale=8.0)
+  args = (q_BSD, layout, k, v, seg)
+  tiles = dataclasses.replace(HOPPER, block_k=block_kv)
+  want_o, want_lse = kernels.moba_forward_rows(*args, block_size=block_size, bs=tiles,
+                                               interpret=True)
+  got_o, got_lse = hopper.moba_forward_rows(*args, block_size=block_size, bs=HOPPER,
+                                            block_kv=block_kv, num_ctas=3, interpret=True)
+  chunk_used = np.asarray(layout.chunk_block_BGC) >= 0
+  item_used = chunk_used.reshape(*chunk_used.shape[:2], -1, hopper.ITEM_ROWS // HOPPER.block_rows)
+  real_BGL = (np.repeat(item_used[..., 0], hopper.ITEM_ROWS, axis=-1)
+              & (np.asarray(layout.row_seg_BGL) != 0))
   np.testing.assert_allclose(np.asarray(got_lse)[real_BGL], np.asarray(want_lse)[real_BGL],
                              rtol=1e-5, atol=1e-5)
   assert_outputs_close(got_o, want_o, real_BGL, args, block_size=block_size, bs=tiles)
