@@ -12,6 +12,8 @@ GPU only: inline PTX has no interpreter, so any other backend is an error.
 
 from __future__ import annotations
 
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -49,7 +51,9 @@ def clocked(fn):
   is ready, before fn's first kernel, and after its last. Optimization barriers order the
   readings: fn's operands pass through one with the first reading, its results through one
   with the first reading again, which the second reading then depends on. Trace it inside
-  jit."""
+  jit. An error under XLA's concurrent command buffers (_check_ordered_schedule)."""
+  _check_ordered_schedule()
+
   def run(*args):
     firsts = [x.reshape(-1)[0].astype(jnp.float32) for x in jax.tree.leaves(args)
               if jnp.issubdtype(x.dtype, jnp.number)]
@@ -60,6 +64,23 @@ def clocked(fn):
     out, start = lax.optimization_barrier((fn(*args), start))
     return out, jnp.stack([start, read_clock(start)])
   return run
+
+
+def _check_ordered_schedule() -> None:
+  """clocked's readings bracket a program only where its kernels run in the program's order.
+  XLA's command buffers run them in that order unless XLA_FLAGS sets
+  --xla_gpu_command_buffer_scheduling_mode=CONCURRENT, under which a kernel waits only for the
+  kernels that wrote its buffers; the optimization barriers that order the readings write
+  none, so the program's first kernels start before the first reading. On the H200 the MoBA
+  step then read 3.354 ms on this clock against 3.545-3.592 ms of traced GPU span
+  (BENCHMARKS.md): a reading that would flatter any program, so it is refused."""
+  for flag in os.environ.get("XLA_FLAGS", "").split():
+    name, _, value = flag.lstrip("-").partition("=")
+    if name == "xla_gpu_command_buffer_scheduling_mode" and value.upper() == "CONCURRENT":
+      raise ValueError(
+          f"XLA_FLAGS sets {flag}: the device clock's readings are not ordered against the "
+          "program's kernels under concurrent command buffers, so its times would be too "
+          "short; time without that flag")
 
 
 def elapsed_seconds(start_XL: np.ndarray, end_XL: np.ndarray, *,

@@ -275,3 +275,22 @@ def test_clocked_shard_program_matches_the_unclocked_one(monkeypatch):
     jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), **F32),
                  state.params, plain_state.params)
     np.testing.assert_array_equal(seconds, np.zeros(SHARDS))  # the stand-in clock reads 0
+
+
+@pytest.mark.parametrize("flags, refused", [
+    ("--xla_gpu_command_buffer_scheduling_mode=CONCURRENT", True),
+    ("--xla_dump_to=/tmp/x --xla_gpu_command_buffer_scheduling_mode=concurrent", True),
+    ("--xla_gpu_command_buffer_scheduling_mode=CONCURRENT_REGIONS", False),
+    ("--xla_gpu_command_buffer_scheduling_mode=SERIALIZE", False),
+    ("", False)])
+def test_device_clock_refuses_concurrent_command_buffers(flags, refused, monkeypatch):
+    """Under XLA's concurrent command-buffer scheduling the clock readings need not bracket the
+    program (its first kernels may start before the first reading), so clocked() is an error
+    there, naming the flag; the other scheduling modes keep the program's order."""
+    from pallas_kernels import device_clock
+    monkeypatch.setenv("XLA_FLAGS", flags)
+    if refused:
+        with pytest.raises(ValueError, match="xla_gpu_command_buffer_scheduling_mode"):
+            device_clock.clocked(lambda x: x)
+    else:
+        assert callable(device_clock.clocked(lambda x: x))
