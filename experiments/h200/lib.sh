@@ -58,6 +58,25 @@ ab_pair() {
   sed -n '/per trace/,$p' "$OUT/h64/call.log"
 }
 
+# bench_top3: the working tree beside cuDNN at the top-3 point (16/16 x 128, S=32K, block 512;
+# bench_kernel.py without the correctness check), into $OUT/h128_step.{json,log}; prints the table.
+bench_top3() {
+  timeout 150 python3 experiments/bench_kernel.py --skip-check --backends mosaic --seqs 32768 \
+      --blocks 512 --ks 3 --heads h128 --out "$OUT/h128_step.json" > "$OUT/h128_step.log" 2>&1
+  echo "bench h128: exit $?"
+  grep -A3 "^kind " "$OUT/h128_step.log"
+}
+
+# kernel_ab: the usual device call for a kernel change - the Hopper GPU tests on the working tree
+# (cut at $1 seconds), ab_pair's traced A/B against ab_base (two rounds, PTX kept), bench_top3,
+# and everything packed (pack_out).
+kernel_ab() {
+  gpu_tests "$1" tests/test_moba_hopper.py -m gpu
+  ab_pair 2 1
+  bench_top3
+  pack_out
+}
+
 # pack_out: everything under $OUT as one tarball there (the device returns only a few files).
 pack_out() {
   tar -czf /tmp/results.tgz -C "$OUT" . && rm -rf "${OUT:?}"/* && mv /tmp/results.tgz "$OUT/"

@@ -17,8 +17,5 @@ TREES="ab_base ab_ahead ab_early ." ROUNDS=2 PTX=1 OUT="$OUT/h128" \
 echo "ab_call h128: exit $?"
 cat "$OUT/h128/ptxas.txt"
 sed -n '/per trace/,$p' "$OUT/h128/call.log"
-timeout 150 python3 experiments/bench_kernel.py --skip-check --backends mosaic --seqs 32768 \
-    --blocks 512 --ks 3 --heads h128 --out "$OUT/h128_step.json" > "$OUT/h128_step.log" 2>&1
-echo "bench h128: exit $?"
-grep -A3 "^kind " "$OUT/h128_step.log"
+bench_top3
 pack_out

@@ -8,10 +8,4 @@
 set -uo pipefail
 OUT=${OUT:?}
 source experiments/h200/lib.sh
-gpu_tests 150 tests/test_moba_hopper.py -m gpu
-ab_pair 2 1
-timeout 150 python3 experiments/bench_kernel.py --skip-check --backends mosaic --seqs 32768 \
-    --blocks 512 --ks 3 --heads h128 --out "$OUT/h128_step.json" > "$OUT/h128_step.log" 2>&1
-echo "bench h128: exit $?"
-grep -A3 "^kind " "$OUT/h128_step.log"
-pack_out
+kernel_ab 150
