@@ -50,6 +50,15 @@ def split_items(layout, seg, block_size, block_kv):
   return int((steps[:, 0] != steps[:, 1]).sum())
 
 
+def used_item_rows(layout):
+  """[B, G, L] bool: the rows of the used work items (those whose first chunk reads a block),
+  and of those the real ones (not padding)."""
+  chunk_used = np.asarray(layout.chunk_block_BGC) >= 0
+  item_used = chunk_used.reshape(*chunk_used.shape[:2], -1, hopper.ITEM_ROWS // HOPPER.block_rows)
+  item_rows_BGL = np.repeat(item_used[..., 0], hopper.ITEM_ROWS, axis=-1)
+  return item_rows_BGL, item_rows_BGL & (np.asarray(layout.row_seg_BGL) != 0)
+
+
 def boxed_halves(layout, seg, hq, block_size):
   """How many halves of the used work items box_halves marks."""
   ids, num, *_ = hopper.persistent_items(layout, seg, block_size=block_size,
@@ -173,10 +182,7 @@ def test_rows_match_triton_forward(hq, hkv, block_size, overlap, pingpong, block
   jax.block_until_ready(got_o)
   assert not gpu_callbacks.get_races().races_found
   assert got_o.dtype == jnp.bfloat16 and got_lse.dtype == jnp.float32
-  chunk_used = np.asarray(layout.chunk_block_BGC) >= 0
-  item_used = chunk_used.reshape(*chunk_used.shape[:2], -1, hopper.ITEM_ROWS // HOPPER.block_rows)
-  item_rows_BGL = np.repeat(item_used[..., 0], hopper.ITEM_ROWS, axis=-1)
-  real_BGL = item_rows_BGL & (np.asarray(layout.row_seg_BGL) != 0)
+  item_rows_BGL, real_BGL = used_item_rows(layout)
   assert real_BGL.sum() > 0 and (item_rows_BGL & ~real_BGL).sum() > 0
   np.testing.assert_array_equal(np.asarray(got_q)[real_BGL],
                                 np.asarray(hopper.sorted_rows(q_BSD, layout))[real_BGL])
@@ -189,8 +195,8 @@ def test_rows_match_triton_forward(hq, hkv, block_size, overlap, pingpong, block
 
 def test_forward_rescales_where_row_maxima_rise():
   """Each block's second half of keys scaled up 8x raises the rows' score maxima in an item's
-  later key steps (by ~2^5 in the exponent), so the forward's running maxima move mid-item and
-  its output is rescaled there, not only on an item's first step; outputs and lse as the
+  later key steps (from ~4 to ~30 in log2 units), so the forward's running maxima move mid-item
+  and its output is rescaled there, not only on an item's first step; outputs and lse as the
   Triton forward's on the same inputs."""
   block_size, block_kv = 256, 64
   q_BSD, _, _, _, layout, k, v, seg = kernel_args(2, 2, block_size, key_scale=8.0)
@@ -200,10 +206,7 @@ def test_forward_rescales_where_row_maxima_rise():
                                                interpret=True)
   got_o, got_lse = hopper.moba_forward_rows(*args, block_size=block_size, bs=HOPPER,
                                             block_kv=block_kv, num_ctas=3, interpret=True)
-  chunk_used = np.asarray(layout.chunk_block_BGC) >= 0
-  item_used = chunk_used.reshape(*chunk_used.shape[:2], -1, hopper.ITEM_ROWS // HOPPER.block_rows)
-  real_BGL = (np.repeat(item_used[..., 0], hopper.ITEM_ROWS, axis=-1)
-              & (np.asarray(layout.row_seg_BGL) != 0))
+  _, real_BGL = used_item_rows(layout)
   np.testing.assert_allclose(np.asarray(got_lse)[real_BGL], np.asarray(want_lse)[real_BGL],
                              rtol=1e-5, atol=1e-5)
   assert_outputs_close(got_o, want_o, real_BGL, args, block_size=block_size, bs=tiles)
@@ -215,9 +218,7 @@ def test_gather_rows_match_xla_gather():
   padding rows included; a run length that is not a whole number of chunks is an error."""
   do_BSD, layout = (lambda a: (a[1], a[4]))(kernel_args(4, 2, 128, d=128))
   got = np.asarray(hopper.gather_rows(do_BSD, layout, interpret=True))
-  item_used = (np.asarray(layout.chunk_block_BGC) >= 0).reshape(
-      *layout.chunk_block_BGC.shape[:2], -1, hopper.ITEM_ROWS // HOPPER.block_rows)[..., 0]
-  rows = np.repeat(item_used, hopper.ITEM_ROWS, axis=-1)
+  rows, _ = used_item_rows(layout)
   assert rows.sum() > 0 and (~rows).sum() > 0
   np.testing.assert_array_equal(got[rows], np.asarray(hopper.sorted_rows(do_BSD, layout))[rows])
   with pytest.raises(ValueError, match="run_rows"):
