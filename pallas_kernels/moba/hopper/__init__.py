@@ -41,7 +41,11 @@ attention.py does not change. What differs:
 
 The kernels carry no automatic warpgroup barriers (CompilerParams.unsafe_no_auto_barriers):
 no thread reads shared memory its warpgroup also writes, and the ordering they need is
-explicit. Their named regions (jax.named_scope) are what hopper.profile_kernels records.
+explicit. Their reductions stay within a wgmma tile's rows (a row's maximum or sum, within one
+warp): one across rows (over a warpgroup's 64 rows, to a scalar) goes through a shared-memory
+scratch that jax 0.11.2's Mosaic GPU lowering places at the same offset for every warpgroup, so
+two compute warpgroups reducing at once race on it - wrong on the GPU, right in the
+interpreter (BENCHMARKS.md, the forward's conditional rescaling). Their named regions (jax.named_scope) are what hopper.profile_kernels records.
 
 The package: `common` (what the kernels share: tile constants, checks, the persistent launch,
 the turns and products on the tensor cores, sorted-row gathers), `streams` (the forward's
