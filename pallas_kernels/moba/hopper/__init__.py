@@ -45,7 +45,8 @@ explicit. Their reductions stay within a wgmma tile's rows (a row's maximum or s
 warp): one across rows (over a warpgroup's 64 rows, to a scalar) goes through a shared-memory
 scratch that jax 0.11.2's Mosaic GPU lowering places at the same offset for every warpgroup, so
 two compute warpgroups reducing at once race on it - wrong on the GPU, right in the
-interpreter (BENCHMARKS.md, the forward's conditional rescaling). Their named regions (jax.named_scope) are what hopper.profile_kernels records.
+interpreter (BENCHMARKS.md, the forward's conditional rescaling). Their named regions
+(jax.named_scope) are what hopper.profile_kernels records.
 
 The package: `common` (what the kernels share: tile constants, checks, the persistent launch,
 the turns and products on the tensor cores, sorted-row gathers), `streams` (the forward's
