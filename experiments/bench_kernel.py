@@ -120,7 +120,8 @@ def check_correctness(bs: MobaBlockSizes, backends) -> list[dict]:
 
 
 def attended_pairs(sel, block: int, group: int) -> int:
-  """Pairs a single-document, padding-free row attends to (per query head)."""
+  """Pairs single-document, padding-free rows attend to (per query head), summed over the
+  rows."""
   count_BTG = np.asarray(sel.count_BTG, np.int64)  # int64: the sum overflows int32
   own_T = np.arange(count_BTG.shape[1]) % block + 1
   return int(np.sum((count_BTG - 1) * block + own_T[None, :, None])) * group
@@ -134,25 +135,27 @@ def dense_causal(interpret: bool):
                                                       is_causal=True)
 
 
-def bench_cudnn(t, hq, hkv, d, reps):
-  q, k, v, do = inputs(0, 1, t, hq, hkv, d, jnp.bfloat16)
+def bench_cudnn(t, hq, hkv, d, reps, batch=1):
+  q, k, v, do = inputs(0, batch, t, hq, hkv, d, jnp.bfloat16)
   f = dense_causal(INTERPRET)
   fwd_ms = timeit(jax.jit(f), q, k, v, reps=reps)
   fb_ms = timeit(fwd_bwd(f), q, k, v, do, reps=reps)
   fb_pipe_ms = timeit_pipelined(fwd_bwd(f), q, k, v, do)
   fb_span_ms = device_span(clocked_call(fwd_bwd(f)), q, k, v, do, reps=reps)
-  flops = 4 * d * hq * t * (t + 1) / 2
-  return dict(kind="cudnn", seq=t, heads=f"{hq}/{hkv}", d=d, fwd_ms=fwd_ms, fwdbwd_ms=fb_ms,
+  flops = 4 * d * hq * t * (t + 1) / 2 * batch
+  return dict(kind="cudnn", seq=t, batch=batch, heads=f"{hq}/{hkv}", d=d, fwd_ms=fwd_ms,
+              fwdbwd_ms=fb_ms,
               fwdbwd_pipe_ms=fb_pipe_ms, fwdbwd_pipe_tflops=3.5 * flops / fb_pipe_ms / 1e9,
               fwdbwd_span_ms=fb_span_ms, fwdbwd_span_tflops=3.5 * flops / fb_span_ms / 1e9,
               fwd_tflops=flops / fwd_ms / 1e9, fwdbwd_tflops=3.5 * flops / fb_ms / 1e9)
 
 
 def bench_moba(t, block, ks, k_max, hq, hkv, d, bs, reps, kind="moba", gate=True,
-               backend="triton"):
-  """One compile per (shape, k_max); every budget in ks reuses it (budgets are data)."""
-  q, k_, v, do = inputs(0, 1, t, hq, hkv, d, jnp.bfloat16)
-  seg = jnp.ones((1, t), jnp.int32)
+               backend="triton", batch=1):
+  """One compile per (shape, k_max); every budget in ks reuses it (budgets are data). batch
+  rows of t tokens, each one document, every row at the same budget."""
+  q, k_, v, do = inputs(0, batch, t, hq, hkv, d, jnp.bfloat16)
+  seg = jnp.ones((batch, t), jnp.int32)
   f = lambda q, k_, v, budget: moba_attention(q, k_, v, seg, budget, block_size=block,
                                               k_max=k_max, block_sizes=bs,
                                               backend=backend, interpret=INTERPRET)
@@ -167,9 +170,10 @@ def bench_moba(t, block, ks, k_max, hq, hkv, d, bs, reps, kind="moba", gate=True
       backend=backend))
   rows = []
   for k in ks:
-    budget = jnp.asarray([k], jnp.int32)
+    budget = jnp.full((batch,), k, jnp.int32)
     flops = 4 * d * attended_pairs(sel_fn(q, k_, budget), block, hq // hkv)
-    row = dict(kind=kind, seq=t, block=block, k=k, k_max=k_max, heads=f"{hq}/{hkv}", d=d,
+    row = dict(kind=kind, seq=t, batch=batch, block=block, k=k, k_max=k_max,
+               heads=f"{hq}/{hkv}", d=d,
                backend=backend,
                block_sizes=dataclasses.asdict(bs.fit(block, d)))
     row["fwd_ms"] = timeit(fwd, q, k_, v, budget, reps=reps)
@@ -197,13 +201,13 @@ def variant_tag(bs: MobaBlockSizes) -> str:
           f"{bwd}{'_skipfull' if bs.skip_full_masks else ''}{'' if bs.fast_exp2 else '_libexp2'}")
 
 
-def profile_stages(t, block, k, hq, hkv, d, variants, reps):
+def profile_stages(t, block, k, hq, hkv, d, variants, reps, batch=1):
   """Times each stage alone (gating parts, row gathers, each kernel) per block-size variant."""
-  q, k_, v, do = inputs(0, 1, t, hq, hkv, d, jnp.bfloat16)
-  seg = jnp.ones((1, t), jnp.int32)
-  budget = jnp.asarray([k], jnp.int32)
+  q, k_, v, do = inputs(0, batch, t, hq, hkv, d, jnp.bfloat16)
+  seg = jnp.ones((batch, t), jnp.int32)
+  budget = jnp.full((batch,), k, jnp.int32)
   n, gh = t // block, hq // hkv
-  row = dict(kind="profile", seq=t, block=block, k=k, heads=f"{hq}/{hkv}", d=d)
+  row = dict(kind="profile", seq=t, batch=batch, block=block, k=k, heads=f"{hq}/{hkv}", d=d)
   scores = jax.jit(lambda q, k_: gating.gate_scores(q, k_, seg, block_size=block))
   row["gate_scores_ms"] = timeit(scores, q, k_, reps=reps)
   sc = scores(q, k_)
@@ -220,7 +224,7 @@ def profile_stages(t, block, k, hq, hkv, d, variants, reps):
                                                  mark_full=bs.skip_full_masks))
     row[f"layout_ms_{tag}"] = timeit(lay_fn, sel, reps=reps)
     lay = lay_fn(sel)
-    q_flat, do_flat = q.reshape(1, t * hq, d), do.reshape(1, t * hq, d)
+    q_flat, do_flat = q.reshape(batch, t * hq, d), do.reshape(batch, t * hq, d)
     fwd = jax.jit(lambda q_flat, k_, v: kernels.moba_forward_rows(
         q_flat, lay, k_, v, seg, block_size=block, bs=bs, interpret=INTERPRET))
     row[f"fwd_kernel_ms_{tag}"] = timeit(fwd, q_flat, k_, v, reps=reps)
@@ -232,7 +236,7 @@ def profile_stages(t, block, k, hq, hkv, d, variants, reps):
       row[f"fwd_mosaic_kernel_ms_{tag}"] = timeit(fwd_h, q_flat, k_, v, reps=reps)
     except ValueError as e:
       print(f"mosaic forward skipped for {tag}: {e}", flush=True)
-    lse_flat = jnp.full((1, t * hq), 5.0, jnp.float32)
+    lse_flat = jnp.full((batch, t * hq), 5.0, jnp.float32)
     args = (q_flat, do_flat, lse_flat, lse_flat * 0.01, lay, k_, v, seg)
     dq = jax.jit(lambda *a: kernels.moba_dq_rows(*a, block_size=block, bs=bs,
                                                  interpret=INTERPRET))
@@ -269,22 +273,27 @@ def parse_variant(text: str) -> MobaBlockSizes:
 
 
 def add_point_args(p: argparse.ArgumentParser) -> None:
-  """--seq, --block, --k, --heads: the one attention shape the single-point scripts
+  """--seq, --block, --k, --heads, --batch: the one attention shape the single-point scripts
   (ncu_moba, trace_moba, triton_ir, persistent_forward) run; defaults are the issue's
   headline point."""
   p.add_argument("--seq", type=int, default=32768)
+  p.add_argument("--batch", type=int, default=1,
+                 help="rows of --seq tokens, each one document, all at budget --k")
   p.add_argument("--block", type=int, default=512)
   p.add_argument("--k", type=int, default=3)
   p.add_argument("--heads", default="h128", choices=list(HEADS))
 
 
 def point_inputs(args: argparse.Namespace):
-  """The add_point_args shape's head_dim and bf16 inputs: (d, q, k, v, do, seg, budget), one
-  row, one document, budget args.k (seed 0, as every bench_kernel row)."""
+  """The add_point_args shape's head_dim and bf16 inputs: (d, q, k, v, do, seg, budget),
+  args.batch rows of one document each, budget args.k (seed 0, as every bench_kernel row)."""
   hq, hkv, d = HEADS[args.heads]
-  q, k, v, do = inputs(0, 1, args.seq, hq, hkv, d, jnp.bfloat16)
-  return (d, q, k, v, do, jnp.ones((1, args.seq), jnp.int32),
-          jnp.asarray([args.k], jnp.int32))
+  b = args.batch
+  if b < 1:
+    raise ValueError(f"--batch must be at least 1, got {b}")
+  q, k, v, do = inputs(0, b, args.seq, hq, hkv, d, jnp.bfloat16)
+  return (d, q, k, v, do, jnp.ones((b, args.seq), jnp.int32),
+          jnp.full((b,), args.k, jnp.int32))
 
 
 class KernelPoint(NamedTuple):
@@ -294,7 +303,7 @@ class KernelPoint(NamedTuple):
   v: jax.Array
   seg: jax.Array
   layout: Any     # layout(pad_rows): the KV layout (64-row chunks, runs padded to pad_rows)
-  q_flat: jax.Array  # q as [1, T * Hq, D]
+  q_flat: jax.Array  # q as [B, T * Hq, D]
   do_flat: jax.Array
   lse: jax.Array
   delta: jax.Array
@@ -311,7 +320,7 @@ def kernel_point(args: argparse.Namespace) -> KernelPoint:
                                                 k_max=args.k, interpret=False))(q, k)
   layout = lambda pad: build_kv_layout(sel, seg, num_blocks=t // block, group_size=hq // hkv,
                                        block_rows=64, mark_full=False, pad_rows=pad)
-  q_flat = q.reshape(1, t * hq, d)
+  q_flat = q.reshape(q.shape[0], t * hq, d)
   rng = np.random.default_rng(1)
   do_flat = jnp.asarray(rng.standard_normal(q_flat.shape), q_flat.dtype)
   lse = jnp.asarray(rng.uniform(6.0, 9.0, size=q_flat.shape[:2]), jnp.float32)
@@ -363,11 +372,16 @@ def main():
   p.add_argument("--backends", nargs="+", default=["triton"],
                  choices=sorted(attention.BACKENDS),
                  help="kernel sets to check and time (forward, dq, dk/dv)")
+  p.add_argument("--batch", type=int, default=1,
+                 help="rows per call (each --seqs tokens, one document, every row at budget k); "
+                      "cuDNN runs the same batch")
   p.add_argument("--reps", type=int, default=10)
   p.add_argument("--skip-check", action="store_true")
   p.add_argument("--interpret", action="store_true", help="Pallas interpret mode (CPU smoke)")
   p.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "bench_kernel.json"))
   args = p.parse_args()
+  if args.batch < 1:
+    p.error(f"--batch must be at least 1, got {args.batch}")
   global INTERPRET
   INTERPRET = args.interpret
   print("device:", jax.devices()[0].device_kind, "jax", jax.__version__, flush=True)
@@ -377,7 +391,7 @@ def main():
   if args.profile:
     hq, hkv, d = HEADS[args.heads[0]]
     rows.append(profile_stages(args.seqs[0], args.blocks[0], args.ks[0], hq, hkv, d, variants,
-                               args.reps))
+                               args.reps, args.batch))
     print(rows[-1], flush=True)
 
   def save():
@@ -391,7 +405,7 @@ def main():
   for name in args.heads:
     hq, hkv, d = HEADS[name]
     for t in args.seqs:
-      rows.append(bench_cudnn(t, hq, hkv, d, args.reps))
+      rows.append(bench_cudnn(t, hq, hkv, d, args.reps, args.batch))
       cudnn_row = rows[-1]
       print(cudnn_row, flush=True)
       save()
@@ -404,7 +418,7 @@ def main():
           for bs, fk in itertools.product(timed, args.backends):
             try:
               rows.extend(with_ratios(r, cudnn_row) for r in bench_moba(
-                  t, block, [k], k, hq, hkv, d, bs, args.reps, backend=fk))
+                  t, block, [k], k, hq, hkv, d, bs, args.reps, backend=fk, batch=args.batch))
             except Exception as e:  # a variant that fails to compile is reported, not fatal
               rows.append(dict(kind="moba_error", seq=t, block=block, k=k, heads=name,
                                backend=fk, block_sizes=dataclasses.asdict(bs),
@@ -415,11 +429,12 @@ def main():
           for fk in args.backends:
             rows.extend(with_ratios(r, cudnn_row) for r in bench_moba(
                 t, block, range(2, args.sweep + 1), args.sweep, hq, hkv, d, bs0, args.reps,
-                kind="sweep", gate=False, backend=fk))
+                kind="sweep", gate=False, backend=fk, batch=args.batch))
             save()
   # Short table last.
   cud = [r for r in rows if r["kind"] == "cudnn"]
-  print("\nkind  backend           heads  S      block k  kmax  fwd_ms  fb_ms   fwdTF  fbTF   "
+  print(f"\nbatch {args.batch} (rows per call, each one document)")
+  print("kind  backend           heads  S      block k  kmax  fwd_ms  fb_ms   fwdTF  fbTF   "
         "xcuDNN(fb) gate_ms  fb_pipe xcuDNN(pipe)  fb_gpu xcuDNN(gpu)  tiles")
   for r in rows:
     if r["kind"] not in ("moba", "sweep"):

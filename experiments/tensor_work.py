@@ -85,15 +85,17 @@ def main():
   times, cudnn = {}, None
   if args.trace:
     trace = json.load(open(args.trace))
-    for key in ("seq", "block", "k", "heads"):
-      if trace[key] != getattr(args, key):
-        raise ValueError(f"{args.trace} traced {key}={trace[key]}, not --{key} "
+    for key in ("seq", "block", "k", "heads", "batch"):
+      traced = trace.get(key, 1 if key == "batch" else None)  # traces before --batch: one row
+      if traced != getattr(args, key):
+        raise ValueError(f"{args.trace} traced {key}={traced}, not --{key} "
                          f"{getattr(args, key)}")
     times = dict(kernel_times(trace), step=trace["kernel_ms_per_step"])
   if args.bench:
-    want = dict(seq=args.seq, heads="{}/{}".format(*HEADS[args.heads][:2]))
+    want = dict(seq=args.seq, heads="{}/{}".format(*HEADS[args.heads][:2]), batch=args.batch)
     cudnn = next((r for r in json.load(open(args.bench))["rows"] if r.get("kind") == "cudnn"
-                  and all(r.get(key) == value for key, value in want.items())), None)
+                  and all(r.get(key, 1 if key == "batch" else None) == value
+                          for key, value in want.items())), None)
     if cudnn is None:
       raise ValueError(f"{args.bench} holds no cuDNN row at {want}")
   print(f"S={args.seq} block {args.block} k={args.k} {hq}/{hkv} x {d}: useful forward "

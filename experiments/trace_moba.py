@@ -199,8 +199,8 @@ def main():
   rows = sorted(({"kernel": name, "ms_per_step": us / args.reps / 1e3,
                   "launches_per_step": n / args.reps, "share": us / total}
                  for name, (us, n) in kernels.items()), key=lambda r: -r["ms_per_step"])
-  result = {"seq": args.seq, "block": args.block, "k": args.k, "k_max": k_max,
-            "heads": args.heads,
+  result = {"seq": args.seq, "batch": args.batch, "block": args.block, "k": args.k,
+            "k_max": k_max, "heads": args.heads,
             "variant": args.variant, "backend": args.backend, "reps": args.reps,
             "device": jax.devices()[0].device_kind,
             "kernel_ms_per_step": total / args.reps / 1e3, "rows": rows,
