@@ -60,3 +60,17 @@ def test_a_trace_of_another_point_is_an_error(tmp_path, monkeypatch):
                                    "--heads", "tiny", "--trace", str(trace)])
   with pytest.raises(ValueError, match="traced k=2, not --k 3"):
     tensor_work.main()
+
+
+@pytest.mark.parametrize("traced, argv, message", [
+    (dict(batch=2), [], "traced batch=2, not --batch 1"),
+    ({}, ["--batch", "2"], "traced batch=1, not --batch 2"),  # a trace before --batch: one row
+])
+def test_a_trace_of_another_batch_is_an_error(tmp_path, monkeypatch, traced, argv, message):
+  from experiments import tensor_work
+  trace = tmp_path / "trace.json"
+  trace.write_text(json.dumps(dict(seq=512, block=128, k=3, heads="tiny", rows=[], **traced)))
+  monkeypatch.setattr("sys.argv", ["tensor_work", "--seq", "512", "--block", "128", "--k", "3",
+                                   "--heads", "tiny", "--trace", str(trace), *argv])
+  with pytest.raises(ValueError, match=message):
+    tensor_work.main()
