@@ -33,7 +33,8 @@ def merge_bytes(part_BGLD, count_BTG, t, hq, forward: bool) -> int:
   (and lse) written once."""
   d, size = part_BGLD.shape[-1], part_BGLD.dtype.itemsize
   slots = int(np.asarray(count_BTG).sum()) * (hq // count_BTG.shape[-1])
-  return slots * (d * size + 4 * forward) + t * hq * (d * size + 4 * forward)
+  rows = count_BTG.shape[0]
+  return slots * (d * size + 4 * forward) + rows * t * hq * (d * size + 4 * forward)
 
 
 def main():
