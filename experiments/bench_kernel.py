@@ -420,8 +420,8 @@ def main():
               rows.extend(with_ratios(r, cudnn_row) for r in bench_moba(
                   t, block, [k], k, hq, hkv, d, bs, args.reps, backend=fk, batch=args.batch))
             except Exception as e:  # a variant that fails to compile is reported, not fatal
-              rows.append(dict(kind="moba_error", seq=t, block=block, k=k, heads=name,
-                               backend=fk, block_sizes=dataclasses.asdict(bs),
+              rows.append(dict(kind="moba_error", seq=t, batch=args.batch, block=block, k=k,
+                               heads=name, backend=fk, block_sizes=dataclasses.asdict(bs),
                                error=str(e)[:300]))
               print(rows[-1], flush=True)
             save()

@@ -351,7 +351,8 @@ def main():
     env = dict(os.environ, XLA_FLAGS=flags)
     with tempfile.TemporaryDirectory() as tmp:
       cmd = [sys.executable, __file__, "--timings-only", "--seq", str(args.seq), "--block",
-             str(args.block), "--k", str(args.k), "--heads", args.heads, "--backend",
+             str(args.block), "--k", str(args.k), "--heads", args.heads, "--batch",
+             str(args.batch), "--backend",
              args.backend, "--reps", str(args.reps), "--out", os.path.join(tmp, "t.json")]
       cmd += ["--interpret"] if args.interpret else []
       run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)

@@ -88,8 +88,8 @@ def main():
       rows.append(row)
       print(row, flush=True)
   with open(args.out, "w") as f:
-    json.dump(dict(device=jax.devices()[0].device_kind, seq=t, block=args.block, k=args.k,
-                   heads=args.heads, rows=rows), f, indent=1)
+    json.dump(dict(device=jax.devices()[0].device_kind, seq=t, batch=args.batch,
+                   block=args.block, k=args.k, heads=args.heads, rows=rows), f, indent=1)
   print(f"{'merge':8s} {'config':10s} {'ms':>8s} {'TB/s':>6s}  max |diff| vs first kernel config")
   for r in rows:
     print(f"{r['merge']:8s} {r['config']:10s} {r['ms']:8.4f} {r['tb_per_s']:6.2f}  "

@@ -51,7 +51,7 @@ def main():
   args = p.parse_args()
   t, block = args.seq, args.block
   d, k, v, seg, layout, q_flat, do_flat, lse, delta = kernel_point(args)
-  result = dict(device=jax.devices()[0].device_kind, seq=t, block=block, k=args.k,
+  result = dict(device=jax.devices()[0].device_kind, seq=t, batch=args.batch, block=block, k=args.k,
                 heads=args.heads, rows=[])
   base = MobaBlockSizes().fit(block, d)
 

@@ -144,7 +144,7 @@ def main():
     return
   if not args.out:
     p.error("--out is required unless --plain")
-  result = dict(device=jax.devices()[0].device_kind, seq=t, block=block, k=args.k,
+  result = dict(device=jax.devices()[0].device_kind, seq=t, batch=args.batch, block=block, k=args.k,
                 heads=args.heads, events=args.events, dq_config=args.dq_config,
                 forward_schedule=args.forward_schedule, kernels={})
   root = tempfile.mkdtemp(prefix="moba_profile_")
