@@ -144,8 +144,8 @@ def bench_cudnn(t, hq, hkv, d, reps, batch=1):
   fb_span_ms = device_span(clocked_call(fwd_bwd(f)), q, k, v, do, reps=reps)
   flops = 4 * d * hq * t * (t + 1) / 2 * batch
   return dict(kind="cudnn", seq=t, batch=batch, heads=f"{hq}/{hkv}", d=d, fwd_ms=fwd_ms,
-              fwdbwd_ms=fb_ms,
-              fwdbwd_pipe_ms=fb_pipe_ms, fwdbwd_pipe_tflops=3.5 * flops / fb_pipe_ms / 1e9,
+              fwdbwd_ms=fb_ms, fwdbwd_pipe_ms=fb_pipe_ms,
+              fwdbwd_pipe_tflops=3.5 * flops / fb_pipe_ms / 1e9,
               fwdbwd_span_ms=fb_span_ms, fwdbwd_span_tflops=3.5 * flops / fb_span_ms / 1e9,
               fwd_tflops=flops / fwd_ms / 1e9, fwdbwd_tflops=3.5 * flops / fb_ms / 1e9)
 
@@ -173,8 +173,7 @@ def bench_moba(t, block, ks, k_max, hq, hkv, d, bs, reps, kind="moba", gate=True
     budget = jnp.full((batch,), k, jnp.int32)
     flops = 4 * d * attended_pairs(sel_fn(q, k_, budget), block, hq // hkv)
     row = dict(kind=kind, seq=t, batch=batch, block=block, k=k, k_max=k_max,
-               heads=f"{hq}/{hkv}", d=d,
-               backend=backend,
+               heads=f"{hq}/{hkv}", d=d, backend=backend,
                block_sizes=dataclasses.asdict(bs.fit(block, d)))
     row["fwd_ms"] = timeit(fwd, q, k_, v, budget, reps=reps)
     row["fwdbwd_ms"] = timeit(fb, q, k_, v, do, budget, reps=reps)
