@@ -283,6 +283,23 @@ def add_point_args(p: argparse.ArgumentParser) -> None:
   p.add_argument("--heads", default="h128", choices=list(HEADS))
 
 
+# What a record of add_point_args' point holds, and what a record made before a field existed
+# reads as (records before --batch timed one row).
+POINT_KEYS = ("seq", "batch", "block", "k", "heads")
+_POINT_DEFAULTS = {"batch": 1}
+
+
+def point_fields(args: argparse.Namespace) -> dict:
+  """add_point_args' point as the fields a result JSON records."""
+  return {key: getattr(args, key) for key in POINT_KEYS}
+
+
+def recorded_point(record: dict, key: str):
+  """A point field of a result JSON's record, as point_fields wrote it (or an earlier record
+  without the field reads)."""
+  return record.get(key, _POINT_DEFAULTS.get(key))
+
+
 def point_inputs(args: argparse.Namespace):
   """The add_point_args shape's head_dim and bf16 inputs: (d, q, k, v, do, seg, budget),
   args.batch rows of one document each, budget args.k (seed 0, as every bench_kernel row)."""

@@ -18,7 +18,7 @@ import jax
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from experiments.bench_kernel import add_point_args, point_inputs  # noqa: E402
+from experiments.bench_kernel import add_point_args, point_fields, point_inputs  # noqa: E402
 from pallas_kernels.moba.gating import gate_kernel_operands, moba_gate_topk  # noqa: E402
 from sparsebalance_jax.balance.timing import time_pipelined  # noqa: E402
 
@@ -51,8 +51,8 @@ def main():
     rows.append(row)
     print(row, flush=True)
   with open(args.out, "w") as f:
-    json.dump(dict(device=jax.devices()[0].device_kind, seq=args.seq, batch=args.batch,
-                   block=args.block, k=args.k, heads=args.heads, rows=rows), f, indent=1)
+    json.dump(dict(device=jax.devices()[0].device_kind, **point_fields(args), rows=rows), f,
+              indent=1)
   print(f"{'tile':>5} {'warps':>5} {'chunk':>5} {'ms':>8}  picks equal to the first")
   for r in rows:
     print(f"{r['tile']:5d} {r['num_warps']:5d} {str(r['chunk']):>5} {r['ms']:8.4f}  "

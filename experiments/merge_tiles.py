@@ -23,7 +23,8 @@ import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from experiments.bench_kernel import HEADS, add_point_args, point_inputs  # noqa: E402
+from experiments.bench_kernel import (HEADS, add_point_args, point_fields,  # noqa: E402
+                                      point_inputs)
 from pallas_kernels.moba import attention, build_kv_layout, gating, hopper, kernels  # noqa: E402
 from sparsebalance_jax.balance.timing import time_pipelined  # noqa: E402
 
@@ -88,8 +89,8 @@ def main():
       rows.append(row)
       print(row, flush=True)
   with open(args.out, "w") as f:
-    json.dump(dict(device=jax.devices()[0].device_kind, seq=t, batch=args.batch,
-                   block=args.block, k=args.k, heads=args.heads, rows=rows), f, indent=1)
+    json.dump(dict(device=jax.devices()[0].device_kind, **point_fields(args), rows=rows), f,
+              indent=1)
   print(f"{'merge':8s} {'config':10s} {'ms':>8s} {'TB/s':>6s}  max |diff| vs first kernel config")
   for r in rows:
     print(f"{r['merge']:8s} {r['config']:10s} {r['ms']:8.4f} {r['tb_per_s']:6.2f}  "

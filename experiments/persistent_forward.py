@@ -29,7 +29,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from experiments.bench_kernel import (add_point_args, device_span, kernel_point,  # noqa: E402
-                                      timeit)
+                                      point_fields, timeit)
 from sparsebalance_jax.balance.timing import clocked_call  # noqa: E402
 from pallas_kernels.moba import MobaBlockSizes, hopper, kernels  # noqa: E402
 
@@ -49,10 +49,9 @@ def main():
   p.add_argument("--reps", type=int, default=10)
   p.add_argument("--out", required=True)
   args = p.parse_args()
-  t, block = args.seq, args.block
+  block = args.block
   d, k, v, seg, layout, q_flat, do_flat, lse, delta = kernel_point(args)
-  result = dict(device=jax.devices()[0].device_kind, seq=t, batch=args.batch, block=block, k=args.k,
-                heads=args.heads, rows=[])
+  result = dict(device=jax.devices()[0].device_kind, **point_fields(args), rows=[])
   base = MobaBlockSizes().fit(block, d)
 
   def record(**row):

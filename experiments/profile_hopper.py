@@ -36,7 +36,7 @@ import jax
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from experiments.bench_kernel import add_point_args, kernel_point  # noqa: E402
+from experiments.bench_kernel import add_point_args, kernel_point, point_fields  # noqa: E402
 from pallas_kernels.moba import MobaBlockSizes, hopper  # noqa: E402
 
 # Regions that end a work item, per kernel: their count is the number of items captured.
@@ -144,9 +144,8 @@ def main():
     return
   if not args.out:
     p.error("--out is required unless --plain")
-  result = dict(device=jax.devices()[0].device_kind, seq=t, batch=args.batch, block=block, k=args.k,
-                heads=args.heads, events=args.events, dq_config=args.dq_config,
-                forward_schedule=args.forward_schedule, kernels={})
+  result = dict(device=jax.devices()[0].device_kind, **point_fields(args), events=args.events,
+                dq_config=args.dq_config, forward_schedule=args.forward_schedule, kernels={})
   root = tempfile.mkdtemp(prefix="moba_profile_")
   for name, (fn, fn_args, wgs) in kernels.items():
     try:

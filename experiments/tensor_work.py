@@ -26,7 +26,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from experiments.bench_kernel import (add_point_args, attended_pairs, HEADS,  # noqa: E402
-                                      point_inputs)
+                                      point_fields, point_inputs, recorded_point)
 from experiments.h200.trace_table import kernel_times  # noqa: E402
 from pallas_kernels.moba import hopper, moba_gate  # noqa: E402
 from pallas_kernels.moba.kv_layout import build_kv_layout  # noqa: E402
@@ -85,17 +85,16 @@ def main():
   times, cudnn = {}, None
   if args.trace:
     trace = json.load(open(args.trace))
-    for key in ("seq", "block", "k", "heads", "batch"):
-      traced = trace.get(key, 1 if key == "batch" else None)  # traces before --batch: one row
-      if traced != getattr(args, key):
-        raise ValueError(f"{args.trace} traced {key}={traced}, not --{key} "
-                         f"{getattr(args, key)}")
+    for key, value in point_fields(args).items():
+      if recorded_point(trace, key) != value:
+        raise ValueError(f"{args.trace} traced {key}={recorded_point(trace, key)}, not --{key} "
+                         f"{value}")
     times = dict(kernel_times(trace), step=trace["kernel_ms_per_step"])
   if args.bench:
     want = dict(seq=args.seq, heads="{}/{}".format(*HEADS[args.heads][:2]), batch=args.batch)
     cudnn = next((r for r in json.load(open(args.bench))["rows"] if r.get("kind") == "cudnn"
-                  and all(r.get(key, 1 if key == "batch" else None) == value
-                          for key, value in want.items())), None)
+                  and all(recorded_point(r, key) == value for key, value in want.items())),
+                 None)
     if cudnn is None:
       raise ValueError(f"{args.bench} holds no cuDNN row at {want}")
   print(f"S={args.seq} block {args.block} k={args.k} {hq}/{hkv} x {d}: useful forward "

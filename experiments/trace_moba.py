@@ -28,8 +28,8 @@ import jax
 import jax.numpy as jnp
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from experiments.bench_kernel import (add_point_args, parse_variant, point_inputs,  # noqa: E402
-                                      step_gating)
+from experiments.bench_kernel import (add_point_args, parse_variant, point_fields,  # noqa: E402
+                                      point_inputs, step_gating)
 from pallas_kernels.moba import MobaBlockSizes, moba_attention  # noqa: E402
 from pallas_kernels.moba.attention import BACKENDS  # noqa: E402
 
@@ -199,8 +199,7 @@ def main():
   rows = sorted(({"kernel": name, "ms_per_step": us / args.reps / 1e3,
                   "launches_per_step": n / args.reps, "share": us / total}
                  for name, (us, n) in kernels.items()), key=lambda r: -r["ms_per_step"])
-  result = {"seq": args.seq, "batch": args.batch, "block": args.block, "k": args.k,
-            "k_max": k_max, "heads": args.heads,
+  result = {**point_fields(args), "k_max": k_max,
             "variant": args.variant, "backend": args.backend, "reps": args.reps,
             "device": jax.devices()[0].device_kind,
             "kernel_ms_per_step": total / args.reps / 1e3, "rows": rows,

@@ -14,7 +14,6 @@ def test_merge_bytes_counts_used_slots_once_and_the_output():
   assert merge_bytes(part, count_BTG, 2, 3, forward=True) == (used_rows + 2 * 3) * (4 * 2 + 4)
 
 
-
 def test_merge_bytes_count_every_row_of_the_batch():
   # Two rows of 2 tokens x 3 query heads, d = 4 in bf16: both rows' slots and outputs.
   part = jnp.zeros((2, 1, 256, 4), jnp.bfloat16)
