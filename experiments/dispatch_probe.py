@@ -39,7 +39,7 @@ import jax.numpy as jnp
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from experiments.bench_kernel import (add_point_args, dense_causal, fwd_bwd,  # noqa: E402
-                                      point_inputs, step_gating)
+                                      point_fields, point_inputs, step_gating)
 from experiments.trace_moba import (_gpu_threads, host_event_times, load_trace,  # noqa: E402
                                     stream_kernels)
 from pallas_kernels.moba import MobaBlockSizes, gating, moba_attention  # noqa: E402
@@ -350,10 +350,9 @@ def main():
   for flags in args.xla_flags:
     env = dict(os.environ, XLA_FLAGS=flags)
     with tempfile.TemporaryDirectory() as tmp:
-      cmd = [sys.executable, __file__, "--timings-only", "--seq", str(args.seq), "--block",
-             str(args.block), "--k", str(args.k), "--heads", args.heads, "--batch",
-             str(args.batch), "--backend",
-             args.backend, "--reps", str(args.reps), "--out", os.path.join(tmp, "t.json")]
+      cmd = [sys.executable, __file__, "--timings-only", "--backend", args.backend, "--reps",
+             str(args.reps), "--out", os.path.join(tmp, "t.json")]
+      cmd += [arg for key, value in point_fields(args).items() for arg in (f"--{key}", str(value))]
       cmd += ["--interpret"] if args.interpret else []
       run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
       print(run.stdout, flush=True)
