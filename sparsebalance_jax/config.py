@@ -39,6 +39,7 @@ class ModelConfig:
     param_dtype: str
     compute_dtype: str
     remat: bool
+    remat_keep_attention: bool
 
 
 @dataclasses.dataclass(frozen=True)

@@ -4,6 +4,7 @@ import dataclasses
 
 import flax.linen as nn
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -128,3 +129,59 @@ def test_moba_backend_choice_reaches_the_layers():
         logits[kernel] = np.asarray(jax.jit(apply)(params), np.float32)
     err = np.linalg.norm(logits["mosaic"] - logits["triton"]) / np.linalg.norm(logits["triton"])
     assert err < 2e-2, err
+
+
+
+def _kernel_calls(jaxpr, used=None) -> list[str]:
+    """The names of the pallas_calls a jaxpr runs whose outputs it uses (sub-jaxprs included;
+    used: which outputs count, default all). A pallas_call whose outputs go unused stays in a
+    jaxpr (Pallas' DCE rule keeps every one) but not in the program: its custom call has no
+    side effects, so XLA removes it."""
+    live = {v for v, u in zip(jaxpr.outvars, used or [True] * len(jaxpr.outvars))
+            if u and isinstance(v, jax.extend.core.Var)}
+    names = []
+    for eqn in reversed(jaxpr.eqns):
+        outs = [v in live for v in eqn.outvars]
+        if not any(outs):
+            continue
+        live.update(v for v in eqn.invars if isinstance(v, jax.extend.core.Var))
+        if eqn.primitive.name == "pallas_call":
+            names.append(str(eqn.params.get("name", eqn.params.get("name_and_src_info"))))
+            continue
+        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+            names += _kernel_calls(sub, outs if len(sub.outvars) == len(outs) else None)
+    return names
+
+
+@pytest.mark.parametrize("implementation", ["reference", "moba"])
+def test_remat_keeps_attention_results(implementation):
+    """With remat, model.remat_keep_attention keeps each layer's attention results for the
+    backward pass: MoBA's gate and forward kernel then run once per layer in a step, not twice,
+    and the gradients are those of the model without remat."""
+    rng = np.random.default_rng()
+    tokens, seg, pos = packed_inputs(rng, 2, 64, [0, 24])
+    targets, mask = jnp.roll(tokens, -1, axis=1), jnp.ones_like(tokens, jnp.float32)
+    budget = jnp.asarray([2, 1], jnp.int32)
+    grads, kernels = {}, {}
+    for remat, keep in ((False, False), (True, False), (True, True)):
+        cfg = tiny_config(implementation, remat=remat, remat_keep_attention=keep)
+        model = Transformer(cfg.model, cfg.attention, cfg.k_max)
+        if not remat:
+            params = nn.meta.unbox(
+                model.init(jax.random.key(0), tokens, seg, pos, budget)["params"])
+
+        def loss(p, model=model):
+            logits = model.apply({"params": p}, tokens, seg, pos, budget)
+            s, n = token_losses(logits, targets, mask)
+            return s / n
+
+        grad = jax.grad(loss)
+        names = _kernel_calls(jax.make_jaxpr(grad)(params).jaxpr)
+        kernels[remat, keep] = tuple(sum(n.startswith(kernel) for n in names)
+                                     for kernel in ("moba_gate_topk", "moba_fwd"))
+        grads[remat, keep] = jax.jit(grad)(params)
+    if implementation == "moba":
+        assert kernels == {(False, False): (1, 1), (True, False): (2, 2), (True, True): (1, 1)}
+    for key in ((True, False), (True, True)):
+        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
+                     grads[key], grads[False, False])

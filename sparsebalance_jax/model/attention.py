@@ -12,6 +12,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import PartitionSpec as P
 
 from sparsebalance_jax.config import AttentionConfig
@@ -63,10 +64,40 @@ def _local_attention(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, budget_B, *, cfg, k
     raise ValueError(f"attention.implementation: unknown {cfg.implementation!r}")
 
 
+# The name attention_op(keep_residuals=True) gives its backward pass's residuals; a rematerialised
+# layer whose policy saves it (KEEP_ATTENTION_POLICY) keeps them instead of recomputing them.
+KEPT_RESIDUALS = "attention_residuals"
+KEEP_ATTENTION_POLICY = jax.checkpoint_policies.save_only_these_names(KEPT_RESIDUALS)
+
+
+def _keeping_residuals(fn):
+    """fn, with its output and the residuals its backward pass reads named KEPT_RESIDUALS. Under
+    a layer rematerialised with KEEP_ATTENTION_POLICY the backward pass reads them, and fn's
+    forward (MoBA: the gate, its layout, the forward kernel and the slots' merge) runs once per
+    step, not twice: its recomputed results go unused, and XLA drops the work behind them (the
+    Pallas kernels' custom calls have no side effects). The layer's other intermediates are
+    recomputed as before."""
+    @jax.custom_vjp
+    def kept(*args):
+        return fn(*args)
+
+    def fwd(*args):
+        # The output too: the layer's backward pass reads it (the output projection's input).
+        out, vjp_fn = jax.tree.map(lambda x: checkpoint_name(x, KEPT_RESIDUALS),
+                                   jax.vjp(fn, *args))
+        return out, vjp_fn
+
+    kept.defvjp(fwd, lambda vjp_fn, g: vjp_fn(g))
+    return kept
+
+
 def attention_op(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, budget_B, *,
-                 cfg: AttentionConfig, k_max: int):
-    """Dispatch on `cfg.implementation`; under a context mesh, per device via shard_map."""
+                 cfg: AttentionConfig, k_max: int, keep_residuals: bool = False):
+    """Dispatch on `cfg.implementation`; under a context mesh, per device via shard_map.
+    keep_residuals: name the backward pass's residuals KEPT_RESIDUALS (_keeping_residuals)."""
     local = functools.partial(_local_attention, cfg=cfg, k_max=k_max)
+    if keep_residuals:
+        local = _keeping_residuals(local)
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty or set(mesh.manual_axes) == set(mesh.axis_names):
         # No mesh, or already inside a shard_map over every axis (the per-shard timed step):

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from sparsebalance_jax.config import AttentionConfig, ModelConfig
-from sparsebalance_jax.model.attention import attention_op
+from sparsebalance_jax.model.attention import attention_op, KEEP_ATTENTION_POLICY
 
 _INIT_STD = 0.02
 
@@ -107,8 +107,10 @@ class Attention(nn.Module):
 
     def __call__(self, x_BTE, segment_ids_BT, positions_BT, budget_B):
         q_BTHD, k_BTKD, v_BTKD = self.qkv(x_BTE, positions_BT)
+        m = self.model
         out_BTHD = attention_op(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, budget_B,
-                                cfg=self.attention, k_max=self.k_max)
+                                cfg=self.attention, k_max=self.k_max,
+                                keep_residuals=m.remat and m.remat_keep_attention)
         return self.o(out_BTHD)
 
 
@@ -167,7 +169,8 @@ class Transformer(nn.Module):
                     else jnp.ones((m.num_layers,), jnp.float32))
         layer = DecoderLayer
         if m.remat:
-            layer = nn.remat(layer, prevent_cse=False)
+            layer = nn.remat(layer, prevent_cse=False,
+                             policy=KEEP_ATTENTION_POLICY if m.remat_keep_attention else None)
         # No broadcast variables, so flax's extra constancy-check trace is not needed; it would
         # also reject effectful kernels inside the body (Pallas interpret mode on CPU).
         stack = nn.scan(layer, variable_axes={"params": 0}, split_rngs={"params": True},
