@@ -50,9 +50,10 @@ def get_config(preset: str = "auto") -> ml_collections.ConfigDict:
     m.param_dtype = "float32"  # Parameter / master-weight dtype.
     m.compute_dtype = "bfloat16"  # Activation and matmul dtype.
     m.remat = gpu  # Rematerialise each layer in the backward pass (saves activation memory).
-    # With remat: keep each layer's attention results (output, softmax statistics, MoBA's gate
-    # selection, layout and sorted q rows) for the backward pass instead of recomputing them.
-    m.remat_keep_attention = gpu
+    # With remat: what each layer keeps for the backward pass instead of recomputing it, any of
+    # "attention" (MoBA's output, softmax statistics, gate selection, layout, sorted q rows) and
+    # "mlp" (the SwiGLU's gate and up projections). More kept, more activation memory.
+    m.remat_keep = ("attention",) if gpu else ()
 
     c.attention = a = ml_collections.ConfigDict()
     a.implementation = "moba"  # One of: reference (dense jnp), cudnn (dense, GPU), moba.

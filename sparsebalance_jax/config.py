@@ -19,6 +19,9 @@ from sparsebalance_jax.data.lengths import LENGTH_KINDS as LENGTH_DISTRIBUTIONS
 ATTENTION_IMPLEMENTATIONS = ("reference", "cudnn", "moba")
 MOBA_BACKENDS = ("triton", "mosaic")  # pallas_kernels.moba backend choices
 DTYPES = ("float32", "bfloat16")
+# What a rematerialised layer may keep for its backward pass (model.remat_keep): MoBA's attention
+# results, the SwiGLU's gate and up projections.
+REMAT_KEEP = ("attention", "mlp")
 
 
 class ConfigError(ValueError):
@@ -39,7 +42,7 @@ class ModelConfig:
     param_dtype: str
     compute_dtype: str
     remat: bool
-    remat_keep_attention: bool
+    remat_keep: tuple[str, ...]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -238,6 +241,10 @@ def validate(cfg: Config, device_count: int | None = None) -> None:
     for field in ("param_dtype", "compute_dtype"):
         _require(getattr(m, field) in DTYPES, f"model.{field}",
                  f"{getattr(m, field)!r} not in {DTYPES}")
+    for kept in m.remat_keep:
+        _require(kept in REMAT_KEEP, "model.remat_keep", f"{kept!r} not in {REMAT_KEEP}")
+    _require(len(set(m.remat_keep)) == len(m.remat_keep), "model.remat_keep",
+             f"{m.remat_keep} names an entry twice")
     _require(a.implementation in ATTENTION_IMPLEMENTATIONS, "attention.implementation",
              f"unknown implementation {a.implementation!r}; choose one of "
              f"{ATTENTION_IMPLEMENTATIONS}")

@@ -41,6 +41,8 @@ def test_presets_are_valid():
     (dict(balance__dst=True, attention__implementation="reference"), "balance.dst"),
     (dict(model__num_layers=0), "model.num_layers"),
     (dict(model__num_kv_heads=0), "model.num_kv_heads"),
+    (dict(model__remat_keep=("attention", "qkv")), "model.remat_keep"),
+    (dict(model__remat_keep=("mlp", "mlp")), "model.remat_keep"),
     (dict(optimizer__grad_clip_norm=0.0), "optimizer.grad_clip_norm"),
     (dict(optimizer__learning_rate=float("nan")), "optimizer.learning_rate"),
     (dict(optimizer__b2=1.0), "optimizer.b2"),

@@ -132,39 +132,40 @@ def test_moba_backend_choice_reaches_the_layers():
 
 
 
-def _kernel_calls(jaxpr, used=None) -> list[str]:
-    """The names of the pallas_calls a jaxpr runs whose outputs it uses (sub-jaxprs included;
-    used: which outputs count, default all). A pallas_call whose outputs go unused stays in a
-    jaxpr (Pallas' DCE rule keeps every one) but not in the program: its custom call has no
-    side effects, so XLA removes it."""
+
+def _live_eqns(jaxpr, used=None) -> list:
+    """The equations of a jaxpr whose outputs it uses (used: which of its outputs count, default
+    all), those inside sub-jaxprs (scan, remat, custom_vjp) included, a pallas_call's kernel not.
+    An unused pallas_call stays in a jaxpr (Pallas' DCE rule keeps every one) but not in the
+    program: its custom call has no side effects, so XLA removes it."""
     live = {v for v, u in zip(jaxpr.outvars, used or [True] * len(jaxpr.outvars))
             if u and isinstance(v, jax.extend.core.Var)}
-    names = []
+    eqns = []
     for eqn in reversed(jaxpr.eqns):
         outs = [v in live for v in eqn.outvars]
         if not any(outs):
             continue
         live.update(v for v in eqn.invars if isinstance(v, jax.extend.core.Var))
-        if eqn.primitive.name == "pallas_call":
-            names.append(str(eqn.params.get("name", eqn.params.get("name_and_src_info"))))
-            continue
-        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
-            names += _kernel_calls(sub, outs if len(sub.outvars) == len(outs) else None)
-    return names
+        eqns.append(eqn)
+        if eqn.primitive.name != "pallas_call":
+            for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+                eqns += _live_eqns(sub, outs if len(sub.outvars) == len(outs) else None)
+    return eqns
 
 
-@pytest.mark.parametrize("implementation", ["reference", "moba"])
-def test_remat_keeps_attention_results(implementation):
-    """With remat, model.remat_keep_attention keeps each layer's attention results for the
-    backward pass: MoBA's gate and forward kernel then run once per layer in a step, not twice,
-    and the gradients are those of the model without remat."""
+def test_remat_keeps_what_it_is_told():
+    """A rematerialised layer keeps what model.remat_keep names for the backward pass: with
+    "attention" MoBA's gate and forward kernel run once per layer in a step, not twice; with
+    "mlp" too, the SwiGLU's gate and up projections are not computed again (two products fewer
+    in the layers' scan). The gradients are those of the model without remat in every case."""
     rng = np.random.default_rng()
     tokens, seg, pos = packed_inputs(rng, 2, 64, [0, 24])
     targets, mask = jnp.roll(tokens, -1, axis=1), jnp.ones_like(tokens, jnp.float32)
     budget = jnp.asarray([2, 1], jnp.int32)
-    grads, kernels = {}, {}
-    for remat, keep in ((False, False), (True, False), (True, True)):
-        cfg = tiny_config(implementation, remat=remat, remat_keep_attention=keep)
+    grads, kernels, products = {}, {}, {}
+    for remat, keep in ((False, ()), (True, ()), (True, ("attention",)),
+                        (True, ("attention", "mlp"))):
+        cfg = tiny_config("moba", remat=remat, remat_keep=keep)
         model = Transformer(cfg.model, cfg.attention, cfg.k_max)
         if not remat:
             params = nn.meta.unbox(
@@ -176,12 +177,16 @@ def test_remat_keeps_attention_results(implementation):
             return s / n
 
         grad = jax.grad(loss)
-        names = _kernel_calls(jax.make_jaxpr(grad)(params).jaxpr)
+        eqns = _live_eqns(jax.make_jaxpr(grad)(params).jaxpr)
+        names = [str(e.params.get("name", e.params.get("name_and_src_info"))) for e in eqns
+                 if e.primitive.name == "pallas_call"]
         kernels[remat, keep] = tuple(sum(n.startswith(kernel) for n in names)
                                      for kernel in ("moba_gate_topk", "moba_fwd"))
+        products[remat, keep] = sum(e.primitive.name == "dot_general" for e in eqns)
         grads[remat, keep] = jax.jit(grad)(params)
-    if implementation == "moba":
-        assert kernels == {(False, False): (1, 1), (True, False): (2, 2), (True, True): (1, 1)}
-    for key in ((True, False), (True, True)):
+    assert kernels == {(False, ()): (1, 1), (True, ()): (2, 2), (True, ("attention",)): (1, 1),
+                       (True, ("attention", "mlp")): (1, 1)}
+    assert products[True, ("attention", "mlp")] == products[True, ("attention",)] - 2
+    for key in list(grads)[1:]:
         jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
-                     grads[key], grads[False, False])
+                     grads[key], grads[False, ()])

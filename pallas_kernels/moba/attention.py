@@ -89,7 +89,7 @@ _PAD_ROWS = {"mosaic": hopper.ITEM_ROWS}
 # (sorted_do=True), for dk/dv (q_rows=, do_rows=). The residual is then q's sorted rows in
 # place of q: about k_max times q's size (plus run padding), the buffer the backward would
 # otherwise gather anyway. Under the model's per-layer remat it lives only inside a layer's
-# backward, unless the layer keeps its attention results (model.remat_keep_attention): then it is
+# backward, unless the layer keeps its attention results (model.remat_keep): then it is
 # held from the forward pass to the backward, with the layout (the GPU preset: ~8.8 GB more
 # memory over its 24 layers, BENCHMARKS.md).
 _SORTED_ROWS = {"mosaic"}

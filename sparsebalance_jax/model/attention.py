@@ -64,15 +64,14 @@ def _local_attention(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, budget_B, *, cfg, k
     raise ValueError(f"attention.implementation: unknown {cfg.implementation!r}")
 
 
-# The name attention_op(keep_residuals=True) gives its backward pass's residuals; a rematerialised
-# layer whose policy saves it (KEEP_ATTENTION_POLICY) keeps them instead of recomputing them.
+# The name attention_op(keep_residuals=True) gives its output and its backward pass's residuals;
+# a rematerialised layer whose policy saves it keeps them instead of recomputing them.
 KEPT_RESIDUALS = "attention_residuals"
-KEEP_ATTENTION_POLICY = jax.checkpoint_policies.save_only_these_names(KEPT_RESIDUALS)
 
 
 def _keeping_residuals(fn):
     """fn, with its output and the residuals its backward pass reads named KEPT_RESIDUALS. Under
-    a layer rematerialised with KEEP_ATTENTION_POLICY the backward pass reads them, and fn's
+    a layer rematerialised with a policy that saves them the backward pass reads them, and fn's
     forward (MoBA: the gate, its layout, the forward kernel and the slots' merge) runs once per
     step, not twice: its recomputed results go unused, and XLA drops the work behind them (the
     Pallas kernels' custom calls have no side effects). The layer's other intermediates are
@@ -94,9 +93,12 @@ def _keeping_residuals(fn):
 def attention_op(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, budget_B, *,
                  cfg: AttentionConfig, k_max: int, keep_residuals: bool = False):
     """Dispatch on `cfg.implementation`; under a context mesh, per device via shard_map.
-    keep_residuals: name the backward pass's residuals KEPT_RESIDUALS (_keeping_residuals)."""
+    keep_residuals: under MoBA, name its output and the backward pass's residuals KEPT_RESIDUALS
+    (_keeping_residuals). The dense implementations take no such names (the backward of
+    jax.nn.dot_product_attention reads the O(T^2) document mask built here, cheaper to build again
+    than to hold per layer): a layer recomputes them."""
     local = functools.partial(_local_attention, cfg=cfg, k_max=k_max)
-    if keep_residuals:
+    if keep_residuals and cfg.implementation == "moba":
         local = _keeping_residuals(local)
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty or set(mesh.manual_axes) == set(mesh.axis_names):

@@ -11,9 +11,10 @@ from __future__ import annotations
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
 from sparsebalance_jax.config import AttentionConfig, ModelConfig
-from sparsebalance_jax.model.attention import attention_op, KEEP_ATTENTION_POLICY
+from sparsebalance_jax.model.attention import attention_op, KEPT_RESIDUALS
 
 _INIT_STD = 0.02
 
@@ -110,8 +111,19 @@ class Attention(nn.Module):
         m = self.model
         out_BTHD = attention_op(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, budget_B,
                                 cfg=self.attention, k_max=self.k_max,
-                                keep_residuals=m.remat and m.remat_keep_attention)
+                                keep_residuals=m.remat and "attention" in m.remat_keep)
         return self.o(out_BTHD)
+
+
+# The name of the SwiGLU's gate and up projections, which model.remat_keep "mlp" keeps.
+MLP_INPUTS = "mlp_inputs"
+
+
+def remat_policy(keep: tuple[str, ...]):
+    """The policy of a layer rematerialised keeping `keep` (model.remat_keep): the named values
+    of each entry saved for the backward pass, everything else recomputed; None keeps nothing."""
+    names = {"attention": KEPT_RESIDUALS, "mlp": MLP_INPUTS}
+    return jax.checkpoint_policies.save_only_these_names(*map(names.get, keep)) if keep else None
 
 
 class SwiGLU(nn.Module):
@@ -121,8 +133,11 @@ class SwiGLU(nn.Module):
     def __call__(self, x_BTE):
         m = self.model
         dt = dict(dtype=m.compute_dtype, param_dtype=m.param_dtype)
-        gate_BTF = Linear((m.mlp_dim,), ("embed", "mlp"), name="gate", **dt)(x_BTE)
-        up_BTF = Linear((m.mlp_dim,), ("embed", "mlp"), name="up", **dt)(x_BTE)
+        # Named for a rematerialised layer's policy (model.remat_keep "mlp"); no effect elsewhere.
+        gate_BTF = checkpoint_name(Linear((m.mlp_dim,), ("embed", "mlp"), name="gate", **dt)(x_BTE),
+                                   MLP_INPUTS)
+        up_BTF = checkpoint_name(Linear((m.mlp_dim,), ("embed", "mlp"), name="up", **dt)(x_BTE),
+                                 MLP_INPUTS)
         h_BTF = nn.with_logical_constraint(nn.silu(gate_BTF) * up_BTF,
                                            ("act_batch", "act_seq", "act_mlp"))
         return Linear((m.d_model,), ("mlp", "embed"), name="down", **dt)(h_BTF)
@@ -169,8 +184,7 @@ class Transformer(nn.Module):
                     else jnp.ones((m.num_layers,), jnp.float32))
         layer = DecoderLayer
         if m.remat:
-            layer = nn.remat(layer, prevent_cse=False,
-                             policy=KEEP_ATTENTION_POLICY if m.remat_keep_attention else None)
+            layer = nn.remat(layer, prevent_cse=False, policy=remat_policy(m.remat_keep))
         # No broadcast variables, so flax's extra constancy-check trace is not needed; it would
         # also reject effectful kernels inside the body (Pallas interpret mode on CPU).
         stack = nn.scan(layer, variable_axes={"params": 0}, split_rngs={"params": True},
