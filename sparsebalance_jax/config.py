@@ -150,9 +150,10 @@ class Config:
 
 
 # Fields a resumed run may change without train.resume_with_changes: they touch only how often
-# the run logs and saves, not what it computes.
+# the run logs and saves, and what the backward pass recomputes (remat trades memory for time;
+# the gradients are the same), not what it computes.
 RESUMABLE_CHANGES = ("train.log_every", "train.checkpoint_every", "train.checkpoint_keep",
-                     "train.resume_with_changes")
+                     "train.resume_with_changes", "model.remat", "model.remat_keep")
 
 
 def config_changes(saved: Mapping[str, Any], cfg: Config) -> list[str]:

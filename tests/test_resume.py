@@ -86,7 +86,8 @@ def test_diverging_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
 @pytest.mark.slow
 def test_resume_with_another_config_stops_naming_the_fields(tmp_path):
     """The work directory records its config (run.json); a rerun with a changed field stops
-    before restoring, naming it, unless train.resume_with_changes; logging options may change."""
+    before restoring, naming it, unless train.resume_with_changes; logging options and remat may
+    change."""
     run = tmp_path / "run"
     two = ["--config.train.num_steps=2", "--config.train.checkpoint_every=1",
            "--config.optimizer.warmup_steps=0"]
@@ -103,8 +104,10 @@ def test_resume_with_another_config_stops_naming_the_fields(tmp_path):
     _finish(_train(run, *DENSE, *three, "--config.train.resume_with_changes=True",
                    "--config.train.log_every=1"))
     assert sorted(read_metrics(str(run))) == [1, 2, 3]
-    # run.json now holds the new config: the same command resumes without the flag.
-    _finish(_train(run, *DENSE, *three))
+    # run.json now holds the new config: the same command resumes without the flag, with the
+    # layers rematerialised too (that changes what the backward pass recomputes, not the run).
+    _finish(_train(run, *DENSE, *three, "--config.model.remat=True",
+                   "--config.model.remat_keep=('mlp',)"))
 
 
 @pytest.mark.slow
