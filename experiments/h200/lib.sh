@@ -13,18 +13,24 @@ time_headline() {
   echo "h64: exit $?"
 }
 
-# gpu_tests LIMIT PYTEST_ARGS...: the wheels of .whl/ (what the GPU image lacks: grain,
-# ml-collections, ...) installed into /tmp/site, then pytest on PYTEST_ARGS with them, cut at
+# use_wheels: the wheels of .whl/ (what the GPU image lacks: grain, ml-collections, ...)
+# installed into /tmp/site and put on PYTHONPATH, with the repository root; fails if they do not
+# install.
+use_wheels() {
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target /tmp/site .whl/*.whl || return 1
+  export PYTHONPATH=/tmp/site:.
+}
+
+# gpu_tests LIMIT PYTEST_ARGS...: pytest on PYTEST_ARGS with the wheels (use_wheels), cut at
 # LIMIT seconds; log $OUT/gpu_tests.log, its summary printed. Fails only if the wheels do not
 # install (a test failure is in the log and the summary).
 gpu_tests() {
   local limit=$1 t0
   shift
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-      --target /tmp/site .whl/*.whl || return 1
+  use_wheels || return 1
   t0=$(date +%s)
-  PYTHONPATH=/tmp/site timeout "$limit" python3 -m pytest "$@" -p no:cacheprovider -ra \
-      > "$OUT/gpu_tests.log" 2>&1
+  timeout "$limit" python3 -m pytest "$@" -p no:cacheprovider -ra > "$OUT/gpu_tests.log" 2>&1
   echo "pytest $*: exit $? after $(( $(date +%s) - t0 )) s"
   grep -E "passed|failed|SKIPPED|FAILED|Error|assert" "$OUT/gpu_tests.log" | tail -12
 }

@@ -2,13 +2,12 @@
 # model.remat_keep: the GPU preset's train step (one H200, mesh 1x1x1) keeping nothing, the
 # attention results, and the attention results and the SwiGLU's gate and up projections - each
 # timed with its peak memory (ablate_meshes.py); the last also traced (trace_train.py); then the
-# main job itself for six steps with the preset as it is. Needs .whl/ carried. Results in $OUT.
+# main job itself for eight steps with the preset as it is. Needs .whl/ carried. Results in $OUT.
 set -u
 cd "$(dirname "$0")/../../.."
 : "${OUT:?}"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:.
+source experiments/h200/lib.sh
+use_wheels || exit 1
 run=0
 for keep in "()" "('attention',)" "('attention','mlp')"; do
   run=$((run + 1))
@@ -23,7 +22,8 @@ timeout 170 python3 -m experiments.trace_train --config=configs/longbench.py --m
     > "$OUT/trace_mlp.log" 2>&1
 echo "trace_train remat_keep=('attention','mlp'): exit $?"
 grep -A 14 'tokens per step' "$OUT/trace_mlp.log"
-timeout 170 python3 -m experiments.train --config=configs/longbench.py --config.train.num_steps=6 \
-    --config.train.workdir=/tmp/keep_run > "$OUT/train.log" 2>&1
-echo "train (6 steps): exit $?"
-tail -c 1500 "$OUT/train.log"
+timeout 200 python3 -m experiments.train --config=configs/longbench.py --config.train.num_steps=8 \
+    --config.optimizer.warmup_steps=2 --config.train.workdir=/tmp/keep_run \
+    > "$OUT/train_8_steps.log" 2>&1
+echo "train (8 steps): exit $?"
+tail -3 /tmp/keep_run/metrics.jsonl

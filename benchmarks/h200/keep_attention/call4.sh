@@ -5,9 +5,8 @@
 set -u
 cd "$(dirname "$0")/../../.."
 : "${OUT:?}"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:.
+source experiments/h200/lib.sh
+use_wheels || exit 1
 XLA_FLAGS="--xla_dump_to=/tmp/hlo --xla_dump_hlo_as_text" timeout 200 python3 -m \
     experiments.trace_train --config=configs/longbench.py --meshes=1x1x1 --steps=2 --warmup=0 \
     --top=40 --out="$OUT/trace.json" > "$OUT/trace.log" 2>&1

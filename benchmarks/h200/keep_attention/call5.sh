@@ -6,9 +6,8 @@
 set -u
 cd "$(dirname "$0")/../../.."
 : "${OUT:?}"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:.
+source experiments/h200/lib.sh
+use_wheels || exit 1
 for flags in "" "--xla_gpu_enable_dynamic_slice_fusion=true"; do
   name=${flags:+dsf}; name=${name:-default}
   XLA_FLAGS="$flags" timeout 150 python3 -m experiments.ablate_meshes \
