@@ -52,7 +52,11 @@ def test_timed_step_makes_the_fused_update(implementation):
     fused = jax.tree.map(lambda new, old: np.asarray(new) - old, fused_state.params, params0)
 
     state, shardings = create_train_state(cfg, mesh, model, jax.random.key(0))
-    timed_step = ShardTimedStep(cfg.model, cfg.attention, mesh, shardings,
+    # MoBA's timed step with its layers rematerialised, keeping the attention and the MLP's
+    # projections (model.remat_keep): the same update as the fused step without remat.
+    timed_model = (dataclasses.replace(cfg.model, remat=True, remat_keep=("attention", "mlp"))
+                   if implementation == "moba" else cfg.model)
+    timed_step = ShardTimedStep(timed_model, cfg.attention, mesh, shardings,
                                 cfg.attention.budget_buckets)
     placed = jax.device_put(batch, shard_batch_shardings(mesh))
     compiled = timed_step.local.compiled(cfg.k_max, state.params, placed)
