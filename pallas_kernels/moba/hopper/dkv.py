@@ -158,16 +158,20 @@ def _dkv_kernel(tile_ref, part_ref, num_ref, first_ref, end_ref, whole_ref, seg_
           ds_KR = p_KR * (dp_KR - cols(rowf_smem.at[slot, 1]))
           p16, ds16 = p_KR.astype(q_t.dtype), ds_KR.astype(q_t.dtype)
           dk, dv, p16, ds16 = lax.optimization_barrier((dk, dv, p16, ds16))
+        ds_a = ds16
         if ds_ref is not None:
+          # dS^T goes through shared memory: the TMA store reads it there and so does dK's
+          # product (its A operand), so ds16 leaves the registers before the products.
           with jax.named_scope("store_ds"):
-            ds_w = ds_smem.at[wg]
-            plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the last chunk's dS has left
-            ds_w[...] = ds16
+            ds_a = ds_smem.at[wg]
+            # The last chunk's dS^T has left (its dK product was waited for in _mma_turn).
+            plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+            ds_a[...] = ds16
             plgpu.commit_smem()
             in_block = lax.rem(n, tiles_per_block) * DKV_TILE + wg * _ROWS
             plgpu.copy_smem_to_gmem(
-                ds_w, ds_ref.at[b, g, pl.ds(in_block, _ROWS), pl.ds(c * chunk, chunk)])
-        dv, dk = _mma_turn((wait_turn, end_turn), (dv, dk), [(p16, do_t), (ds16, q_t)], wg_p,
+                ds_a, ds_ref.at[b, g, pl.ds(in_block, _ROWS), pl.ds(c * chunk, chunk)])
+        dv, dk = _mma_turn((wait_turn, end_turn), (dv, dk), [(p16, do_t), (ds_a, q_t)], wg_p,
                            "dkdv_mma")
         plgpu.barrier_arrive(chunk_free.at[slot])
         return dk, dv, cstep + 1
