@@ -307,52 +307,6 @@ def test_dkv_match_triton_dkv(hq, hkv, block_size, d, pingpong, chunk_rows):
     assert rel_err(g, w) < 2 ** -8, name
 
 
-@pytest.mark.parametrize("hq, hkv, block_size, d, pingpong, chunk_rows, split", [
-    (2, 2, 128, 128, False, 64, False), (3, 1, 256, 64, False, 128, True),
-    (4, 2, 256, 64, True, 64, False)])
-def test_dq_from_stored_ds_matches_triton_dq(hq, hkv, block_size, d, pingpong, chunk_rows, split,
-                                             monkeypatch):
-  """dk/dv storing dS (store_ds) and dq from it (moba_dq_from_ds): dq of every real row of a
-  used item equals the Triton dq kernel's, and dk, dv are those dk/dv computes without storing,
-  on fresh inputs with packed documents and ragged budgets; 64- and 128-row chunk steps, whose
-  own-block rows before a key half are skipped in whole steps (their dS never written, so dq
-  must not read it: the buffer starts as NaN here); split runs and ping-pong, which write more
-  of dS; the interpreter's race detector watches both kernels."""
-  from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks
-  from jax.experimental.pallas import mosaic_gpu as plgpu
-  from pallas_kernels.moba.hopper import dkv as dkv_module
-  if split:  # short runs split too, so that a run's parts write dS
-    monkeypatch.setattr(dkv_module, "_DKV_MIN_SPLIT_CHUNKS", 1)
-  args = kernel_args(hq, hkv, block_size, d)
-  layout, seg = args[4], args[7]
-  bs = dataclasses.replace(HOPPER, split_dkv_runs=split)
-  want_dq = kernels.moba_dq_rows(*args, block_size=block_size, bs=HOPPER, interpret=True)
-  want_dk, want_dv = hopper.moba_dkv(*args, block_size=block_size, bs=bs, num_ctas=3,
-                                     pingpong=pingpong, chunk_rows=chunk_rows, interpret=True)
-  races = plgpu.InterpretGPUParams(detect_races=True, uninitialized_memory="nan")
-  dk, dv, ds = hopper.moba_dkv(*args, block_size=block_size, bs=bs, num_ctas=3,
-                               pingpong=pingpong, chunk_rows=chunk_rows, store_ds=True,
-                               interpret=races)
-  assert ds.shape == (*layout.row_src_BGL.shape[:2], block_size, layout.row_src_BGL.shape[2])
-  assert np.isnan(np.asarray(ds, np.float32)).any()  # some of it unwritten
-  got = hopper.moba_dq_from_ds(ds, layout, args[5], seg, block_size=block_size,
-                               chunk=chunk_rows, group_heads=hq // hkv, num_ctas=3,
-                               interpret=races)
-  jax.block_until_ready(got)
-  assert not gpu_callbacks.get_races().races_found
-  np.testing.assert_array_equal(np.asarray(dk), np.asarray(want_dk))
-  np.testing.assert_array_equal(np.asarray(dv), np.asarray(want_dv))
-  real_BGL = used_item_rows(layout)[1]
-  assert got.dtype == jnp.bfloat16 and got.shape == want_dq.shape
-  got, want = (np.asarray(x, np.float32)[real_BGL] for x in (got, want_dq))
-  assert np.isfinite(got).all()
-  # As test_dq_rows_match_triton_dq: the same float32 sums of bf16 products; each side rounds
-  # dS to bf16 once per key and dq once.
-  scale = np.abs(want).max()
-  np.testing.assert_allclose(got, want, rtol=2 ** -7, atol=2e-3 * scale)
-  assert rel_err(got, want) < 2 ** -8
-
-
 def test_dkv_items_cover_each_run_once():
   """Split tiles' parts tile their runs exactly, in order, no part longer than the share m or
   shorter than the minimum unless last; whole tiles are one item each; slots are unique and
@@ -478,18 +432,15 @@ def test_persistent_full_items_match_triton_forward():
   assert_outputs_close(got_o, want_o, real, args, block_size=block_size, bs=HOPPER)
 
 
-@pytest.mark.parametrize("stored_ds", [False, True])
-def test_attention_with_mosaic_kernels_matches_reference(stored_ds):
-  """backend='mosaic': the Hopper forward, dq and dk/dv kernels end to end; dq recomputing S
-  and dP, or from the dS dk/dv stored (MobaBlockSizes.dq_from_stored_ds)."""
+def test_attention_with_mosaic_kernels_matches_reference():
+  """backend='mosaic': the Hopper forward, dq and dk/dv kernels end to end."""
   rng = np.random.default_rng()
   b, t, block_size, k_max = 2, 512, 128, 3
   q, k, v, do = make_inputs(rng, b, t, 4, 2, 64, jnp.bfloat16)
   # Documents anywhere (blocks shared by two documents): the same-document masks are tested.
   seg = packed_segments(rng, b, t, block_size, aligned=False)
   budget = jnp.asarray(rng.integers(1, k_max + 1, size=b), jnp.int32)
-  got, want = run_both(q, k, v, do, seg, budget, block_size, k_max,
-                       bs=dataclasses.replace(HOPPER, dq_from_stored_ds=stored_ds),
+  got, want = run_both(q, k, v, do, seg, budget, block_size, k_max, bs=HOPPER,
                        backend="mosaic")
   assert_close(got, want, jnp.bfloat16)
   pad = np.asarray(seg) == 0
@@ -595,13 +546,11 @@ def test_gpu_compiled_mosaic_kernels_match_reference():
     # Documents anywhere (blocks shared by two documents): the same-document masks are tested.
     seg = packed_segments(rng, b, t, block_size, aligned=False)
     budget = jnp.asarray([2, 4], jnp.int32)
-    for stored in (False, True):  # dq recomputing S and dP, or from dk/dv's stored dS
-      got, want = run_both(q, k, v, do, seg, budget, block_size, k_max,
-                           bs=MobaBlockSizes(block_k=128, dq_from_stored_ds=stored),
-                           interpret=False, backend="mosaic")
-      assert_close(got, want, jnp.bfloat16,
-                   names=[f"{n} at {hq}/{hkv} x {d}{', dq from dS' * stored}"
-                          for n in ("out", "dq", "dk", "dv")])
+    got, want = run_both(q, k, v, do, seg, budget, block_size, k_max,
+                         bs=MobaBlockSizes(block_k=128), interpret=False,
+                         backend="mosaic")
+    assert_close(got, want, jnp.bfloat16, names=[f"{n} at {hq}/{hkv} x {d}"
+                                                 for n in ("out", "dq", "dk", "dv")])
 
 
 def lower_kernel_for_h200(kernel, hq, hkv, d, block_size, t, **params):
@@ -626,14 +575,6 @@ def lower_kernel_for_h200(kernel, hq, hkv, d, block_size, t, **params):
       common["sorted_do"] = True
     if kernel == "dkv_128_rows":
       common["chunk_rows"] = 128
-    if kernel == "dq_ds":
-      ds = jnp.zeros((1, *layout.row_src_BGL.shape[1:2], block_size,
-                      layout.row_src_BGL.shape[2]), jnp.bfloat16)
-      common.pop("bs")
-      return hopper.moba_dq_from_ds(ds, layout, k, seg, chunk=hopper.dkv_chunk_rows(d),
-                                    group_heads=hq // hkv, **common)
-    if kernel == "dkv_store_ds":
-      common["store_ds"] = True
     fn = hopper.moba_dkv if kernel.startswith("dkv") else hopper.moba_dq_rows
     return fn(flat(q), flat(do), flat(lse), flat(lse), layout, k, v, seg, **common)
 
@@ -650,9 +591,7 @@ def lower_kernel_for_h200(kernel, hq, hkv, d, block_size, t, **params):
     ("dq_sorted_do", 16, 16, 128, 512, 3, False), ("dq_sorted_do", 16, 16, 128, 512, (3, 2), True),
     ("dq_sorted_do", 14, 2, 64, 512, (3, 2), True),
     ("dkv", 16, 16, 128, 512, 2, True), ("dkv", 14, 2, 64, 256, 2, True),
-    ("dkv", 16, 16, 128, 512, 3, False), ("dkv_128_rows", 16, 16, 128, 512, 2, False),
-    ("dkv_store_ds", 16, 16, 128, 512, 2, True), ("dkv_store_ds", 14, 2, 64, 256, 2, True),
-    ("dq_ds", 16, 16, 128, 512, 4, True), ("dq_ds", 14, 2, 64, 256, 4, True)])
+    ("dkv", 16, 16, 128, 512, 3, False), ("dkv_128_rows", 16, 16, 128, 512, 2, False)])
 def test_kernels_fit_h200_shared_memory(kernel, hq, hkv, d, block_size, stages, fits):
   """Lowered ahead of time for an H200 on the CPU (Mosaic GPU sizes shared memory while
   lowering): each kernel's default configuration fits at the headline shapes (dq at head_dim

@@ -139,14 +139,7 @@ def _moba_bwd(block_size, bs, interpret, backend, res, do_BTHD):
   rows = (flat(lse_BTH), flat(delta_BTH), layout, k_BTKD, v_BTKD, segment_ids_BT)
   common = dict(block_size=block_size, bs=bs, interpret=interpret)
   kernel_set = BACKENDS[backend]
-  if backend in _SORTED_ROWS and bs.dq_from_stored_ds:
-    do_rows = kernel_set.gather_rows(flat(do_BTHD), layout, interpret)
-    dk_BTKD, dv_BTKD, ds_BGKL = kernel_set.moba_dkv(None, None, *rows, q_rows=q_saved,
-                                                    do_rows=do_rows, store_ds=True, **common)
-    dq_BGLD = kernel_set.moba_dq_from_ds(ds_BGKL, layout, k_BTKD, segment_ids_BT,
-                                         block_size=block_size, chunk=kernel_set.dkv_chunk_rows(d),
-                                         group_heads=gh, interpret=interpret)
-  elif backend in _SORTED_ROWS:
+  if backend in _SORTED_ROWS:
     dq_BGLD, do_rows = kernel_set.moba_dq_rows(None, flat(do_BTHD), *rows, q_rows=q_saved,
                                                sorted_do=True, **common)
     dk_BTKD, dv_BTKD = kernel_set.moba_dkv(None, None, *rows, q_rows=q_saved,

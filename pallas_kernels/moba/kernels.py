@@ -72,11 +72,6 @@ class MobaBlockSizes:
   # 2.497 with, two sessions), off above (16/16 x 128, random inputs, no tile split: the
   # step's kernels 2.6% slower, dk/dv +0.027 ms and the parts' glue ~0.07 ms; BENCHMARKS.md).
   split_dkv_runs: bool | None = None
-  # Hopper backward only: dk/dv stores dS (bf16, every sorted row against its block's keys)
-  # and dq is dS K from it (hopper.moba_dq_from_ds), so S and dP are computed once, not again
-  # in dq; dO's rows are then gathered before dk/dv (the dq kernel gathers them otherwise).
-  # The dS buffer takes 2 * block_size bytes per sorted row (a layer's backward, transient).
-  dq_from_stored_ds: bool = False
 
   def check(self, block_size: int) -> None:
     for name in ("block_rows", "block_k", "block_k_dkv"):

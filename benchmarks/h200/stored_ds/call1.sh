@@ -4,6 +4,8 @@
 # default: dq recomputing S and dP) against /tmp/ab_ds (the same tree with the stored-dS path on
 # by default), two rounds at 16/16 x 128, block 512, top-3 and one at 14/2 x 64, block 256,
 # top-8; then ab_ds beside cuDNN at 16/16 x 128, block 512, k = 3 and 8.
+# Ran on commit fc3ceb6 (the path is not kept: stored_ds.patch, applied to f4b69ec, holds it
+# with call 2's change; fc3ceb6 is that less smem_a.patch). Results in call1/.
 # Usage on the device: bash benchmarks/h200/stored_ds/call1.sh
 set -uo pipefail
 OUT=${OUT:?}

@@ -9,6 +9,8 @@
 #   ab_smem   - the working tree's stored-dS path (dS^T through shared memory for both);
 #   ab_nocopy - ab_smem without the store's TMA copy to global memory (timing only: dq then
 #               reads unwritten dS).
+# Ran on commit c1be859 (the path is not kept: stored_ds.patch, applied to f4b69ec, is that
+# commit's kernels and tests). Results in call2/.
 # Usage on the device: bash benchmarks/h200/stored_ds/call2.sh
 set -uo pipefail
 OUT=${OUT:?}

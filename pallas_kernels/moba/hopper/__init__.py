@@ -62,7 +62,6 @@ runs.
 from pallas_kernels.moba.hopper.common import (DKV_TILE, ITEM_ROWS, check_device,
                                                check_supported, gather_rows, profile_kernels,
                                                sorted_rows)
-from pallas_kernels.moba.hopper.dq_ds import moba_dq_from_ds, stored_key_halves
 from pallas_kernels.moba.hopper.dkv import (DkvItems, dkv_chunk_rows, dkv_chunk_steps, dkv_items,
                                             longest_first, moba_dkv)
 from pallas_kernels.moba.hopper.rows import (dq_schedule, forward_schedule, moba_dq_rows,
@@ -71,6 +70,5 @@ from pallas_kernels.moba.hopper.streams import box_halves, persistent_items
 
 __all__ = ["DKV_TILE", "ITEM_ROWS", "DkvItems", "RowSchedule", "box_halves", "check_device",
            "check_supported", "dkv_chunk_rows", "dkv_chunk_steps", "dkv_items", "dq_schedule",
-           "forward_schedule", "gather_rows", "longest_first", "moba_dkv", "moba_dq_from_ds",
-           "moba_dq_rows", "moba_forward_rows", "persistent_items", "profile_kernels",
-           "sorted_rows", "stored_key_halves"]
+           "forward_schedule", "gather_rows", "longest_first", "moba_dkv", "moba_dq_rows",
+           "moba_forward_rows", "persistent_items", "profile_kernels", "sorted_rows"]

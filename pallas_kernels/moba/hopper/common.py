@@ -104,10 +104,10 @@ def _turns(turn):
 
 
 def _mma_turn(turn, accs, products, p_smem, name):
-  """accs[i] + a_i @ b_i for each (a_i, b_i) of `products` (a_i from registers or a
-  shared-memory ref), issued in one turn on the tensor cores (turn: _turns' wait_turn,
-  end_turn) and waited for (the issue and the wait are the named region `name`); with p_smem
-  (interpret mode) through _accumulate."""
+  """accs[i] + a_i @ b_i for each (a_i, b_i) of `products` (a_i from registers), issued in
+  one turn on the tensor cores (turn: _turns' wait_turn, end_turn) and waited for (the issue
+  and the wait are the named region `name`); with p_smem (interpret mode) through
+  _accumulate."""
   wait_turn, end_turn = turn
   with jax.named_scope("turn"):
     wait_turn()
@@ -144,21 +144,18 @@ def _per_row(ref, shape):
 
 
 def _accumulate(acc, a, b_ref, p_smem):
-  """acc + a @ b_ref on wgmma with `a` from registers or a shared-memory ref; with p_smem
-  (interpret mode, whose wgmma takes shared-memory operands into a fresh accumulator only)
-  a register `a` goes through p_smem."""
+  """acc + a @ b_ref on wgmma with `a` from registers; with p_smem (interpret mode, whose
+  wgmma takes shared-memory operands into a fresh accumulator only) through shared memory."""
   if p_smem is None:
     def mma(acc_ref):
       plgpu.wgmma(acc_ref, a, b_ref)
 
     return pl.run_state(mma)(plgpu.ACC.init(acc))
-  if isinstance(a, jax.Array):  # a value, not a ref
-    p_smem[...] = a
-    plgpu.commit_smem()
-    a = p_smem
+  p_smem[...] = a
+  plgpu.commit_smem()
 
   def fresh(acc_ref):
-    plgpu.wgmma(acc_ref, a, b_ref)
+    plgpu.wgmma(acc_ref, p_smem, b_ref)
     return acc_ref[...]
 
   return acc + pl.run_scoped(fresh, plgpu.ACC(acc.shape, jnp.float32))

@@ -26,7 +26,7 @@ from pallas_kernels.moba.kernels import _LOG2E, MobaBlockSizes, keys_before_tile
 
 def _dkv_kernel(tile_ref, part_ref, num_ref, first_ref, end_ref, whole_ref, seg_ref, pos_ref,
                 lse2_ref, delta_ref, qs_ref, dos_ref, k_ref, v_ref, kseg_ref, dk_ref, dv_ref,
-                dk_hi_ref, dk_lo_ref, dv_hi_ref, dv_lo_ref, *refs, sm_scale, tiles_per_row,
+                dk_hi_ref, dk_lo_ref, dv_hi_ref, dv_lo_ref, scoped, *, sm_scale, tiles_per_row,
                 tiles_per_block, num_groups, grid, stages, split, p_in_smem, chunk):
   """dk/dv per key tile of DKV_TILE keys: each compute warpgroup holds dK, dV of its 64 keys in
   registers over the `chunk`-row chunks (64 or 128) of the tile's block (q and dO rows already
@@ -43,13 +43,8 @@ def _dkv_kernel(tile_ref, part_ref, num_ref, first_ref, end_ref, whole_ref, seg_
   the whole run, written to dk/dv, or (with `split`) one part of a long run (part_ref >= 0),
   whose dK and dV leave as bf16 hi/lo pairs (x = hi + lo to ~2^-17) in that slot of
   dk_hi/dk_lo/dv_hi/dv_lo for the caller to sum. A chunk skips the mask for the key tiles it
-  attends whole (whole_ref [B, G, C]: the first that many tiles of its block).
-  With a last output (refs = (ds_ref, scoped)) each compute warpgroup also stores every dS^T
-  it computes, [its 64 keys, the chunk's rows], at ds_ref[b, g, the keys' offset in their
-  block, the rows] (the chunk steps it skips stay unwritten: dq_from_ds reads only the
-  ones written)."""
-  ds_ref, scoped = refs if len(refs) == 2 else (None, *refs)
-  q_smem, do_smem, rowf_smem, rowi_smem, k_smem, v_smem, p_smem, ds_smem, bars = scoped
+  attends whole (whole_ref [B, G, C]: the first that many tiles of its block)."""
+  q_smem, do_smem, rowf_smem, rowi_smem, k_smem, v_smem, p_smem, bars = scoped
   kv_bar, kv_free, chunk_bar, chunk_free, turn = bars
   frees = _slots(kv_free, 2) + _slots(chunk_free, stages)
   wg = lax.axis_index("wg")
@@ -158,20 +153,7 @@ def _dkv_kernel(tile_ref, part_ref, num_ref, first_ref, end_ref, whole_ref, seg_
           ds_KR = p_KR * (dp_KR - cols(rowf_smem.at[slot, 1]))
           p16, ds16 = p_KR.astype(q_t.dtype), ds_KR.astype(q_t.dtype)
           dk, dv, p16, ds16 = lax.optimization_barrier((dk, dv, p16, ds16))
-        ds_a = ds16
-        if ds_ref is not None:
-          # dS^T goes through shared memory: the TMA store reads it there and so does dK's
-          # product (its A operand), so ds16 leaves the registers before the products.
-          with jax.named_scope("store_ds"):
-            ds_a = ds_smem.at[wg]
-            # The last chunk's dS^T has left (its dK product was waited for in _mma_turn).
-            plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-            ds_a[...] = ds16
-            plgpu.commit_smem()
-            in_block = lax.rem(n, tiles_per_block) * DKV_TILE + wg * _ROWS
-            plgpu.copy_smem_to_gmem(
-                ds_a, ds_ref.at[b, g, pl.ds(in_block, _ROWS), pl.ds(c * chunk, chunk)])
-        dv, dk = _mma_turn((wait_turn, end_turn), (dv, dk), [(p16, do_t), (ds_a, q_t)], wg_p,
+        dv, dk = _mma_turn((wait_turn, end_turn), (dv, dk), [(p16, do_t), (ds16, q_t)], wg_p,
                            "dkdv_mma")
         plgpu.barrier_arrive(chunk_free.at[slot])
         return dk, dv, cstep + 1
@@ -361,7 +343,7 @@ def dkv_chunk_steps(layout, segment_ids_BT, *, block_size: int, chunk: int, grou
 def moba_dkv(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_ids_BT, *,
              block_size, bs: MobaBlockSizes, interpret: bool | plgpu.InterpretGPUParams,
              stages: int = 2, num_ctas: int | None = None, q_rows=None, do_rows=None,
-             pingpong: bool = False, chunk_rows: int | None = None, store_ds: bool = False):
+             pingpong: bool = False, chunk_rows: int | None = None):
   """dk, dv [B, T, Hkv, D] in k's dtype, as kernels.moba_dkv, on a layout padded with
   pad_rows=ITEM_ROWS (block_size a multiple of DKV_TILE). q and dO are first gathered into
   sorted order (gather_rows), so that every chunk the kernel reads is one box; q_rows /
@@ -371,13 +353,7 @@ def moba_dkv(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_id
   on 64-row steps it had won by 0.7%: BENCHMARKS.md). chunk_rows: sorted rows per chunk
   step, 64 or 128 (None: 128 below head_dim 128, 0.885 ms against 0.976 at 14/2 x 64,
   top-3, whose 64 x 64 x 64 products are too short to keep the tensor cores fed; 64 at 128,
-  where 128 rows' K/V and chunk buffers exceed shared memory).
-
-  store_ds: also return dS^T, [B, G, block_size, L] in q's dtype - per sorted row (last axis)
-  and key of its block (offset in the block), the gradient of that row's score, unscaled -
-  for dq_from_ds: (dk, dv, ds). Written only where a compute warpgroup ran that chunk step
-  for those 64 keys (dkv_chunk_steps: from its half's first on); the rest is left as it was
-  allocated."""
+  where 128 rows' K/V and chunk buffers exceed shared memory)."""
   _check_layout(layout, block_size, 64)
   q_rows = _sorted(q_BSD, q_rows, layout, interpret, "q")
   do_rows = _sorted(do_BSD, do_rows, layout, interpret, "do")
@@ -414,8 +390,7 @@ def moba_dkv(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_id
                plgpu.SMEM((stages, 2, chunk), jnp.int32),
                plgpu.SMEM((2, DKV_TILE, d), dt, transforms=transforms),
                plgpu.SMEM((2, DKV_TILE, d), dt, transforms=transforms),
-               plgpu.SMEM((2, _ROWS, chunk), dt, transforms=transforms) if interpret else None,
-               plgpu.SMEM((2, _ROWS, chunk), dt, transforms=transforms) if store_ds else None]
+               plgpu.SMEM((2, _ROWS, chunk), dt, transforms=transforms) if interpret else None]
     bars = (plgpu.Barrier(num_arrivals=2, num_barriers=2),
             plgpu.Barrier(num_arrivals=2, num_barriers=2),
             plgpu.Barrier(num_arrivals=6, num_barriers=stages),
@@ -425,11 +400,8 @@ def moba_dkv(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_id
     pl.run_scoped(lambda *scoped: kernel(*refs, scoped), *scratch, bars, collective_axes="wg")
 
   part = jax.ShapeDtypeStruct((num_parts, DKV_TILE, d), dt)
-  ds = [jax.ShapeDtypeStruct((*layout.row_src_BGL.shape[:2], block_size,
-                              layout.row_src_BGL.shape[2]), dt)] * store_ds
   call = _persistent_call(entry, [jax.ShapeDtypeStruct(k_BTKD.shape, k_BTKD.dtype),
-                                  jax.ShapeDtypeStruct(v_BTKD.shape, v_BTKD.dtype)]
-                          + [part] * 4 + ds,
+                                  jax.ShapeDtypeStruct(v_BTKD.shape, v_BTKD.dtype)] + [part] * 4,
                           name="moba_dkv_hopper", num_ctas=num_ctas, warpgroups=3,
                           interpret=interpret)
   blk_BGC = layout.chunk_block_BGC
@@ -437,12 +409,12 @@ def moba_dkv(q_BSD, do_BSD, lse_BS, delta_BS, layout, k_BTKD, v_BTKD, segment_id
   whole = kv_layout.attended_key_tiles(blk_BGC, layout.row_seg_BGL, layout.row_pos_BGL,
                                        segment_ids_BT, num_blocks=t // block_size,
                                        block_rows=chunk, tile=DKV_TILE)
-  dk, dv, dk_hi, dk_lo, dv_hi, dv_lo, *ds = call(
+  dk, dv, dk_hi, dk_lo, dv_hi, dv_lo = call(
       items.tile_I, items.part_I, items.num_1, first_IW.astype(jnp.int32), items.end_I, whole,
       layout.row_seg_BGL, layout.row_pos_BGL, sorted_rows(lse_BS * _LOG2E, layout),
       sorted_rows(delta_BS, layout), q_rows, do_rows.astype(dt),
       k_BTKD, v_BTKD, segment_ids_BT.astype(jnp.int32))
-  if split:
-    dk = _add_parts(dk, dk_hi, dk_lo, items, num_groups=g)
-    dv = _add_parts(dv, dv_hi, dv_lo, items, num_groups=g)
-  return (dk, dv, *ds)
+  if not split:
+    return dk, dv
+  return (_add_parts(dk, dk_hi, dk_lo, items, num_groups=g),
+          _add_parts(dv, dv_hi, dv_lo, items, num_groups=g))
