@@ -55,6 +55,10 @@ def get_config(preset: str = "auto") -> ml_collections.ConfigDict:
     # "mlp" (the SwiGLU's gate and up projections). The gpu preset keeps both: its H200 step
     # 529 -> 465 ms, peak memory 10.5 -> 33.5 GB, growing with data.seq_len (BENCHMARKS.md).
     m.remat_keep = ("attention", "mlp") if gpu else ()
+    # Run the layers as one scanned layer (True) or unrolled, one after another, over the same
+    # stacked parameters (False: each layer's kept values stay buffers of their own instead of
+    # being copied into the scan's stacked buffers; longer compile).
+    m.scan_layers = True
 
     c.attention = a = ml_collections.ConfigDict()
     a.implementation = "moba"  # One of: reference (dense jnp), cudnn (dense, GPU), moba.

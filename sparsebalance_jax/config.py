@@ -43,6 +43,7 @@ class ModelConfig:
     compute_dtype: str
     remat: bool
     remat_keep: tuple[str, ...]
+    scan_layers: bool
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,10 +151,12 @@ class Config:
 
 
 # Fields a resumed run may change without train.resume_with_changes: they touch only how often
-# the run logs and saves, and what the backward pass recomputes (remat trades memory for time;
-# the gradients are the same), not what it computes.
+# the run logs and saves, what the backward pass recomputes (remat trades memory for time; the
+# gradients are the same) and whether the layers run scanned or unrolled (the same parameters),
+# not what it computes.
 RESUMABLE_CHANGES = ("train.log_every", "train.checkpoint_every", "train.checkpoint_keep",
-                     "train.resume_with_changes", "model.remat", "model.remat_keep")
+                     "train.resume_with_changes", "model.remat", "model.remat_keep",
+                     "model.scan_layers")
 
 
 def config_changes(saved: Mapping[str, Any], cfg: Config) -> list[str]:

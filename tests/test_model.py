@@ -153,11 +153,13 @@ def _live_eqns(jaxpr, used=None) -> list:
     return eqns
 
 
-def test_remat_keeps_what_it_is_told():
+@pytest.mark.parametrize("scan_layers", [True, False])
+def test_remat_keeps_what_it_is_told(scan_layers):
     """A rematerialised layer keeps what model.remat_keep names for the backward pass: with
     "attention" MoBA's gate and forward kernel run once per layer in a step, not twice; with
     "mlp" too, the SwiGLU's gate and up projections are not computed again (two products fewer
-    in the layers' scan). The gradients are those of the model without remat in every case."""
+    per layer). The gradients are those of the scanned model without remat in every case, the
+    layers scanned (counted once, in the scan's body) or unrolled (counted per layer)."""
     rng = np.random.default_rng()
     tokens, seg, pos = packed_inputs(rng, 2, 64, [0, 24])
     targets, mask = jnp.roll(tokens, -1, axis=1), jnp.ones_like(tokens, jnp.float32)
@@ -165,7 +167,7 @@ def test_remat_keeps_what_it_is_told():
     grads, kernels, products = {}, {}, {}
     for remat, keep in ((False, ()), (True, ()), (True, ("attention",)),
                         (True, ("attention", "mlp"))):
-        cfg = tiny_config("moba", remat=remat, remat_keep=keep)
+        cfg = tiny_config("moba", remat=remat, remat_keep=keep, scan_layers=scan_layers)
         model = Transformer(cfg.model, cfg.attention, cfg.k_max)
         if not remat:
             params = nn.meta.unbox(
@@ -184,9 +186,17 @@ def test_remat_keeps_what_it_is_told():
                                      for kernel in ("moba_gate_topk", "moba_fwd"))
         products[remat, keep] = sum(e.primitive.name == "dot_general" for e in eqns)
         grads[remat, keep] = jax.jit(grad)(params)
-    assert kernels == {(False, ()): (1, 1), (True, ()): (2, 2), (True, ("attention",)): (1, 1),
-                       (True, ("attention", "mlp")): (1, 1)}
-    assert products[True, ("attention", "mlp")] == products[True, ("attention",)] - 2
+    per = 1 if scan_layers else cfg.model.num_layers
+    assert kernels == {(False, ()): (per, per), (True, ()): (2 * per, 2 * per),
+                       (True, ("attention",)): (per, per),
+                       (True, ("attention", "mlp")): (per, per)}
+    assert products[True, ("attention", "mlp")] == products[True, ("attention",)] - 2 * per
+    if not scan_layers:  # the same parameters, scanned
+        cfg = tiny_config("moba", remat=False, remat_keep=())
+        scanned = Transformer(cfg.model, cfg.attention, cfg.k_max)
+        grads["scanned"] = jax.jit(jax.grad(lambda p: token_losses(
+            scanned.apply({"params": p}, tokens, seg, pos, budget), targets, mask)[0]
+            / mask.sum()))(params)
     for key in list(grads)[1:]:
         jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
                      grads[key], grads[False, ()])

@@ -1,4 +1,5 @@
-"""The decoder: embedding, a scanned stack of pre-norm layers, final norm, LM head.
+"""The decoder: embedding, a stack of pre-norm layers (scanned, or unrolled over the same
+stacked parameters: model.scan_layers), final norm, LM head.
 
 Parameters are created in `model.param_dtype` (float32 master weights by default) and cast to
 `model.compute_dtype` (bfloat16) for the matmuls; norms, softmax statistics and logits stay in
@@ -164,6 +165,24 @@ class DecoderLayer(nn.Module):
         return x_BTE, None
 
 
+def unrolled_layer(model: ModelConfig, attention: AttentionConfig, k_max: int):
+    """One decoder layer as a function of its parameters (one layer's slice of the stacked
+    "layers" tree) and its inputs, for the stack unrolled (model.scan_layers False): rematerialised
+    as the scanned layer is (model.remat, remat_keep), and jitted so that the layers lower to
+    one function (their kernels compiled once). Unrolled, each layer's kept values are buffers of
+    their own; the scan copies them into its stacked buffers (BENCHMARKS.md)."""
+    def run(params, x_BTE, segment_ids_BT, positions_BT, budget_B, budget_scale):
+        layer = DecoderLayer(model, attention, k_max, parent=None)
+        return layer.apply({"params": params}, x_BTE, segment_ids_BT, positions_BT, budget_B,
+                           budget_scale)[0]
+
+    if model.remat:
+        # prevent_cse stays on: outside a scan XLA could otherwise merge the recomputation
+        # with the forward pass and keep everything the policy drops.
+        run = jax.checkpoint(run, policy=remat_policy(model.remat_keep))
+    return jax.jit(run)
+
+
 class Transformer(nn.Module):
     """Decoder LM over packed rows. `k_max` is the static budget bound (the compiled bucket)."""
 
@@ -182,17 +201,24 @@ class Transformer(nn.Module):
         scales_L = (jnp.asarray(self.attention.layer_budget_scale, jnp.float32)
                     if self.attention.layer_budget_scale
                     else jnp.ones((m.num_layers,), jnp.float32))
-        layer = DecoderLayer
-        if m.remat:
-            layer = nn.remat(layer, prevent_cse=False, policy=remat_policy(m.remat_keep))
-        # No broadcast variables, so flax's extra constancy-check trace is not needed; it would
-        # also reject effectful kernels inside the body (Pallas interpret mode on CPU).
-        stack = nn.scan(layer, variable_axes={"params": 0}, split_rngs={"params": True},
-                        in_axes=(nn.broadcast, nn.broadcast, nn.broadcast, 0),
-                        length=m.num_layers, metadata_params={nn.PARTITION_NAME: "layers"},
-                        check_constancy_invariants=False)
-        x_BTE, _ = stack(m, self.attention, self.k_max, name="layers")(
-            x_BTE, segment_ids_BT, positions_BT, budget_B, scales_L)
+        if m.scan_layers or self.is_initializing():
+            layer = DecoderLayer
+            if m.remat:
+                layer = nn.remat(layer, prevent_cse=False, policy=remat_policy(m.remat_keep))
+            # No broadcast variables, so flax's extra constancy-check trace is not needed; it
+            # would also reject effectful kernels inside the body (Pallas interpret mode on CPU).
+            stack = nn.scan(layer, variable_axes={"params": 0}, split_rngs={"params": True},
+                            in_axes=(nn.broadcast, nn.broadcast, nn.broadcast, 0),
+                            length=m.num_layers, metadata_params={nn.PARTITION_NAME: "layers"},
+                            check_constancy_invariants=False)
+            x_BTE, _ = stack(m, self.attention, self.k_max, name="layers")(
+                x_BTE, segment_ids_BT, positions_BT, budget_B, scales_L)
+        else:
+            run = unrolled_layer(m, self.attention, self.k_max)
+            stacked = nn.meta.unbox(self.variables["params"]["layers"])
+            for i in range(m.num_layers):
+                x_BTE = run(jax.tree.map(lambda p, i=i: p[i], stacked), x_BTE, segment_ids_BT,
+                            positions_BT, budget_B, scales_L[i])
         x_BTE = RMSNorm(m.rms_eps, m.param_dtype, m.compute_dtype, name="final_norm")(x_BTE)
         logits_BTV = Linear((m.vocab_size,), ("embed", "vocab"), dtype="float32",
                             param_dtype=m.param_dtype, name="lm_head")(x_BTE)
