@@ -3,6 +3,7 @@
 # unrolled over the same stacked parameters (False): median step, peak memory, compile time and
 # the first step's loss (ablate_meshes.py), then the unrolled step traced (trace_train.py: GPU
 # time by kernel kind, device memory copies included). Needs .whl/ carried. Results in $OUT.
+# Ran on commit 663f4e1 (the preset then scanned). Results in call1/.
 # Usage on the device: bash benchmarks/h200/scan_layers/call1.sh
 set -u
 cd "$(dirname "$0")/../../.."
