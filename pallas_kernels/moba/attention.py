@@ -10,7 +10,6 @@ Selection is not differentiated (top-k is piecewise constant), as in MoBA.
 from __future__ import annotations
 
 import functools
-import operator
 
 import jax
 import jax.numpy as jnp
@@ -65,12 +64,7 @@ def xla_merge(part_BGLD, lse_BGL, sel, layout, ok_B, group_size):
   part_BGTKHD = jnp.where(used_BGTK[..., None, None],
                           _from_entries(part_BGLD, layout, group_size).astype(jnp.float32), 0.0)
   if lse_BGL is None:
-    # The slots summed by adds, not a reduce: where the sum's consumer wants it transposed
-    # (a layer's qkv projection backward, outside a scan) XLA made the reduce a row reduction
-    # over the few slots, 5x slower than the transpose it runs for the adds (BENCHMARKS.md).
-    sum_BGTHD = functools.reduce(operator.add, [part_BGTKHD[:, :, :, s]
-                                                for s in range(part_BGTKHD.shape[3])])
-    return _group_to_BTH(sum_BGTHD, b, t, hq).astype(part_BGLD.dtype)
+    return _group_to_BTH(part_BGTKHD.sum(axis=3), b, t, hq).astype(part_BGLD.dtype)
   lse_BGTKH = jnp.where(used_BGTK[..., None], _from_entries(lse_BGL, layout, group_size),
                         -jnp.inf)
   any_BGTH = jnp.broadcast_to(used_BGTK.any(-1)[..., None], lse_BGTKH.shape[:3] + (group_size,))

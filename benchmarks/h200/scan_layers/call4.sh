@@ -2,6 +2,7 @@
 # The preset's step (layers unrolled) compiled with XLA's dump on: its optimized HLO (gzipped)
 # and a two-step trace, to name the reduction fusions the unrolled step runs that the scanned
 # one does not (input_reduce_fusion_121, _343 in call 1's trace). Needs .whl/ carried.
+# Results in call4/ (the HLO gzipped).
 # Usage on the device: bash benchmarks/h200/scan_layers/call4.sh
 set -u
 cd "$(dirname "$0")/../../.."

@@ -4,6 +4,7 @@
 # a row reduction over the slots (input_reduce_fusion_121, 26 ms a step); then the kernels' own
 # step traced (16/16 x 128, S=32K, block 512, top-3), whose dq merge had no transposing consumer
 # (loop_convert_fusion, 0.134 ms in stored_ds/call2's work traces). Needs .whl/ carried.
+# Ran on commit 31f4af7 (the change is not kept: slot_adds.patch). Results in call5/.
 # Usage on the device: bash benchmarks/h200/scan_layers/call5.sh
 set -u
 cd "$(dirname "$0")/../../.."
