@@ -47,18 +47,20 @@ gate_tiles() {
   tail -n $(( $# + 1 )) "$name.log"
 }
 
-# ab_pair ROUNDS [PTX]: ab_call.sh's traced A/B of ab_base against the working tree at
-# 16/16 x 128, block 512, top-3 (ROUNDS rounds; PTX=1 keeps every kernel's PTX) and at 14/2 x 64,
-# block 256, top-8 (one round), into $OUT/h128 and $OUT/h64; prints ptxas' report and each
-# point's per-trace table. ab_base must reach the device (ab_call.sh says how).
+# ab_pair ROUNDS [PTX]: ab_call.sh's traced A/B of ab_base against the working tree (or of the
+# trees in TREES, if set) at 16/16 x 128, block 512, top-3 (ROUNDS rounds; PTX=1 keeps every
+# kernel's PTX) and at 14/2 x 64, block 256, top-8 (one round), into $OUT/h128 and $OUT/h64;
+# prints ptxas' report and each point's per-trace table. ab_base must reach the device
+# (ab_call.sh says how).
 ab_pair() {
+  local trees=${TREES:-ab_base .}
   mkdir -p "$OUT/h128" "$OUT/h64"
-  TREES="ab_base ." ROUNDS="$1" PTX="${2:-0}" OUT="$OUT/h128" bash experiments/h200/ab_call.sh \
+  TREES="$trees" ROUNDS="$1" PTX="${2:-0}" OUT="$OUT/h128" bash experiments/h200/ab_call.sh \
       > "$OUT/h128/call.log" 2>&1
   echo "ab_call h128: exit $?"
   cat "$OUT/h128/ptxas.txt"
   sed -n '/per trace/,$p' "$OUT/h128/call.log"
-  TREES="ab_base ." ROUNDS=1 TRACE_ARGS="--heads h64 --block 256 --k 8" OUT="$OUT/h64" \
+  TREES="$trees" ROUNDS=1 TRACE_ARGS="--heads h64 --block 256 --k 8" OUT="$OUT/h64" \
       bash experiments/h200/ab_call.sh > "$OUT/h64/call.log" 2>&1
   echo "ab_call h64: exit $?"
   sed -n '/per trace/,$p' "$OUT/h64/call.log"

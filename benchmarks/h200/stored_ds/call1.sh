@@ -16,16 +16,7 @@ cp -r pallas_kernels experiments sparsebalance_jax /tmp/ab_ds/
 sed -i 's/^  dq_from_stored_ds: bool = False$/  dq_from_stored_ds: bool = True/' \
     /tmp/ab_ds/pallas_kernels/moba/kernels.py
 grep -c "dq_from_stored_ds: bool = True" /tmp/ab_ds/pallas_kernels/moba/kernels.py
-mkdir -p "$OUT/h128" "$OUT/h64"
-TREES=". /tmp/ab_ds" ROUNDS=2 OUT="$OUT/h128" bash experiments/h200/ab_call.sh \
-    > "$OUT/h128/call.log" 2>&1
-echo "ab_call h128: exit $?"
-cat "$OUT/h128/ptxas.txt"
-sed -n '/per trace/,$p' "$OUT/h128/call.log"
-TREES=". /tmp/ab_ds" ROUNDS=1 TRACE_ARGS="--heads h64 --block 256 --k 8" OUT="$OUT/h64" \
-    bash experiments/h200/ab_call.sh > "$OUT/h64/call.log" 2>&1
-echo "ab_call h64: exit $?"
-sed -n '/per trace/,$p' "$OUT/h64/call.log"
+TREES=". /tmp/ab_ds" ab_pair 2
 timeout 200 python3 /tmp/ab_ds/experiments/bench_kernel.py --skip-check --backends mosaic \
     --seqs 32768 --blocks 512 --ks 3 8 --heads h128 --out "$OUT/h128_ds_step.json" \
     > "$OUT/h128_ds_step.log" 2>&1
