@@ -86,10 +86,10 @@ def _all_reduces_in_loops(hlo: str) -> int:
     return count
 
 
-def _compiled_step(mesh_shape, *, partitioned: bool = True) -> str:
+def _compiled_step(mesh_shape, *, partitioned: bool = True, scan_layers: bool = True) -> str:
     """The compiled step's HLO on a mesh; partitioned=False: no mesh given to the step, so
     XLA's SPMD partitioning alone places every collective."""
-    cfg, mesh, _, state, shardings = _on_mesh(tiny_config(), mesh_shape)
+    cfg, mesh, _, state, shardings = _on_mesh(tiny_config(scan_layers=scan_layers), mesh_shape)
     placed = jax.device_put(_batch(np.random.default_rng(), rows=4), batch_shardings(mesh))
     with mesh_context(mesh):
         return jit_train_step(cfg.model, cfg.attention, shardings,
@@ -97,16 +97,18 @@ def _compiled_step(mesh_shape, *, partitioned: bool = True) -> str:
             state, placed, k_max=cfg.k_max).compile().as_text()
 
 
-@pytest.mark.parametrize("fsdp, tensor", [(1, 1), (1, 2), (2, 1)])
-def test_data_parallel_step_all_reduces_over_data_once(fsdp, tensor):
+@pytest.mark.parametrize("fsdp, tensor, scan_layers", [(1, 1, True), (1, 2, True), (2, 1, True),
+                                                       (1, 1, False)])
+def test_data_parallel_step_all_reduces_over_data_once(fsdp, tensor, scan_layers):
     """With two data shards the gradients are summed over the micro-batches and layers on each
     shard and all-reduced over `data` once, after the loops: the loops hold exactly the
     all-reduces of the same step on one data shard (those over fsdp and tensor; none on one
-    device). SPMD partitioning alone puts more in them (the gradients' over `data`), so the
-    check can fail."""
-    one_shard = _all_reduces_in_loops(_compiled_step((1, fsdp, tensor)))
-    assert _all_reduces_in_loops(_compiled_step((2, fsdp, tensor))) == one_shard
-    assert _all_reduces_in_loops(_compiled_step((2, fsdp, tensor), partitioned=False)) > one_shard
+    device), the layers scanned or unrolled (model.scan_layers). SPMD partitioning alone puts
+    more in them (the gradients' over `data`), so the check can fail."""
+    step = lambda data, **kw: _compiled_step((data, fsdp, tensor), scan_layers=scan_layers, **kw)
+    one_shard = _all_reduces_in_loops(step(1))
+    assert _all_reduces_in_loops(step(2)) == one_shard
+    assert _all_reduces_in_loops(step(2, partitioned=False)) > one_shard
 
 
 def test_mesh_that_does_not_match_devices_fails():
