@@ -125,7 +125,7 @@ def _layer_configs(implementation: str, moba_backend: str):
     model_cfg = ModelConfig(vocab_size=128, num_layers=1, d_model=32, num_heads=2, num_kv_heads=1,
                             head_dim=16, mlp_dim=64, rope_theta=1e4, rms_eps=1e-6,
                             param_dtype="float32", compute_dtype="float32", remat=False,
-                            remat_keep=())
+                            remat_keep=(), scan_layers=True)
     attention_cfg = AttentionConfig(implementation=implementation, block_size=16, budget=1,
                                     budget_buckets=(2,), layer_budget_scale=(), interpret=True,
                                     moba_backend=moba_backend)
