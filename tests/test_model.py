@@ -1,6 +1,8 @@
 """Model invariants: it learns, it is causal, and packed documents do not see each other."""
 
+import collections
 import dataclasses
+import re
 
 import flax.linen as nn
 import jax
@@ -200,3 +202,19 @@ def test_remat_keeps_what_it_is_told(scan_layers):
     for key in list(grads)[1:]:
         jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
                      grads[key], grads[False, ()])
+
+
+def test_unrolled_layers_lower_to_one_function():
+    """Unrolled (model.scan_layers False), the layers lower to one function for the forward and
+    one for the backward, each called once per layer, so that their kernels are lowered (and,
+    on the GPU, compiled) once rather than per layer."""
+    rng = np.random.default_rng()
+    tokens, seg, pos = packed_inputs(rng, 2, 64, [0, 24])
+    budget = jnp.asarray([2, 1], jnp.int32)
+    cfg = tiny_config("moba", remat=True, remat_keep=("attention",), scan_layers=False)
+    model = Transformer(cfg.model, cfg.attention, cfg.k_max)
+    params = nn.meta.unbox(model.init(jax.random.key(0), tokens, seg, pos, budget)["params"])
+    text = jax.jit(jax.grad(lambda p: model.apply({"params": p}, tokens, seg, pos, budget).sum())
+                   ).lower(params).as_text()
+    calls = collections.Counter(re.findall(r"call @(run\w*)\(", text))
+    assert len(calls) == 2 and set(calls.values()) == {cfg.model.num_layers}, calls
