@@ -2,6 +2,7 @@
 
 import collections
 import dataclasses
+import functools
 import re
 
 import flax.linen as nn
@@ -166,6 +167,11 @@ def test_remat_keeps_what_it_is_told(scan_layers):
     tokens, seg, pos = packed_inputs(rng, 2, 64, [0, 24])
     targets, mask = jnp.roll(tokens, -1, axis=1), jnp.ones_like(tokens, jnp.float32)
     budget = jnp.asarray([2, 1], jnp.int32)
+    def loss(p, model):
+        logits = model.apply({"params": p}, tokens, seg, pos, budget)
+        s, n = token_losses(logits, targets, mask)
+        return s / n
+
     grads, kernels, products = {}, {}, {}
     for remat, keep in ((False, ()), (True, ()), (True, ("attention",)),
                         (True, ("attention", "mlp"))):
@@ -174,13 +180,7 @@ def test_remat_keeps_what_it_is_told(scan_layers):
         if not remat:
             params = nn.meta.unbox(
                 model.init(jax.random.key(0), tokens, seg, pos, budget)["params"])
-
-        def loss(p, model=model):
-            logits = model.apply({"params": p}, tokens, seg, pos, budget)
-            s, n = token_losses(logits, targets, mask)
-            return s / n
-
-        grad = jax.grad(loss)
+        grad = jax.grad(functools.partial(loss, model=model))
         eqns = _live_eqns(jax.make_jaxpr(grad)(params).jaxpr)
         names = [str(e.params.get("name", e.params.get("name_and_src_info"))) for e in eqns
                  if e.primitive.name == "pallas_call"]
@@ -196,9 +196,7 @@ def test_remat_keeps_what_it_is_told(scan_layers):
     if not scan_layers:  # the same parameters, scanned
         cfg = tiny_config("moba", remat=False, remat_keep=())
         scanned = Transformer(cfg.model, cfg.attention, cfg.k_max)
-        grads["scanned"] = jax.jit(jax.grad(lambda p: token_losses(
-            scanned.apply({"params": p}, tokens, seg, pos, budget), targets, mask)[0]
-            / mask.sum()))(params)
+        grads["scanned"] = jax.jit(jax.grad(functools.partial(loss, model=scanned)))(params)
     for key in list(grads)[1:]:
         jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
                      grads[key], grads[False, ()])
