@@ -14,6 +14,7 @@ import functools
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.experimental.layout import Layout, with_layout_constraint
 
 from pallas_kernels.moba import gating, hopper, kernels, kv_layout
 from pallas_kernels.moba.kernels import MobaBlockSizes
@@ -148,6 +149,10 @@ def _moba_bwd(block_size, bs, interpret, backend, res, do_BTHD):
     dq_BGLD = kernel_set.moba_dq_rows(flat(q_saved), flat(do_BTHD), *rows, **common)
     dk_BTKD, dv_BTKD = kernel_set.moba_dkv(flat(q_saved), flat(do_BTHD), *rows, **common)
   dq_BTHD = _merge(dq_BGLD, None, sel, layout, None, gh, interpret).astype(out_BTHD.dtype)
+  # dq leaves the merge row-major. Left free, XLA lays it out for its consumer; in the model's
+  # unrolled layers that is the qkv projection's backward, wanting [.., H, D, T], and it then
+  # fuses the merge into a row reduction over the few slots (BENCHMARKS.md, model.scan_layers).
+  dq_BTHD = with_layout_constraint(dq_BTHD, Layout(major_to_minor=tuple(range(dq_BTHD.ndim))))
   return dq_BTHD, dk_BTKD, dv_BTKD, None, None, None, None
 
 

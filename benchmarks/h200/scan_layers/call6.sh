@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Prepared, not yet run: dq's merge output pinned row-major (dq_layout.patch:
+# Run 2026-12-04 on 3a7c9c2 (results in call6/; the patch is now in the tree): dq's merge output pinned row-major (dq_layout.patch:
 # jax.experimental.layout.with_layout_constraint in attention.py's _moba_bwd), so that XLA
 # keeps the merge as it runs scanned (a reduce over the slots, then a tiled transpose for the
 # qkv projection's backward) instead of the unrolled step's row reduction (26 ms a step, call 4).
