@@ -26,6 +26,14 @@ def packed_segments(rng, b, t, block_size, aligned):
   return jnp.asarray(seg)
 
 
+def ragged_budgets(rng, b, low, high):
+  """b budgets drawn from [low, high], int32, at least two of them different (b > 1)."""
+  budget = rng.integers(low, high + 1, size=b)
+  if b > 1 and high > low and np.all(budget == budget[0]):
+    budget[rng.integers(b)] = low if budget[0] != low else high
+  return jnp.asarray(budget, jnp.int32)
+
+
 def _inputs(rng, b=2, t=128, hq=4, hkv=2, d=16):
   q = jnp.asarray(rng.standard_normal((b, t, hq, d)), jnp.float32)
   k = jnp.asarray(rng.standard_normal((b, t, hkv, d)), jnp.float32)
@@ -75,7 +83,9 @@ def test_selection_counts_and_coverage():
   np.testing.assert_allclose(cov, want_cov, rtol=1e-4, atol=1e-6)
   assert np.any(want_cov[1] < 0.99), "row 1 should leave unchosen mass"
   row = np.asarray(moba_coverage(q, k, seg, budget, block_size=16, k_max=k_max))
-  assert row.shape == (2,) and np.all((row >= 0) & (row <= 1))
+  # A row's coverage: the mean over its non-padding tokens and KV groups.
+  want_row = [want_cov[i][nonpad[i, :, 0]].mean() for i in range(2)]
+  np.testing.assert_allclose(row, want_row, rtol=1e-4, atol=1e-6)
   full = moba_coverage(q, k, seg, jnp.asarray([8, 8]), block_size=16, k_max=8)
   np.testing.assert_array_equal(np.asarray(full), 1.0)
 
@@ -119,7 +129,7 @@ def test_fused_gate_kernel_matches_gate(dtype, hq, hkv, k_max):
   q = jnp.asarray(rng.standard_normal((2, t, hq, 16)), dtype)
   k = jnp.asarray(rng.standard_normal((2, t, hkv, 16)), dtype)
   seg = packed_segments(rng, 2, t, block_size, aligned=False)
-  budget = jnp.asarray(rng.integers(1, k_max + 1, size=2), jnp.int32)
+  budget = ragged_budgets(rng, 2, 1, k_max)
   want = moba_gate(q, k, seg, budget, block_size=block_size, k_max=k_max)
   got = jax.jit(lambda q, k: gating.fused_gate(
       q, k, seg, budget, block_size=block_size, k_max=k_max, interpret=True))(q, k)
@@ -178,7 +188,7 @@ def test_gate_kernel_chunks_rank_as_one_pass(num_picks, tied):
   if tied:  # one document, so that the repeated blocks' gate keys are equal too
     seg = jnp.ones((b, t), jnp.int32)
   ops = gating.gate_kernel_operands(q, k, seg, block_size=block_size)
-  budget = jnp.asarray(rng.integers(1, num_picks + 2, size=b), jnp.int32)
+  budget = ragged_budgets(rng, b, 1, num_picks + 1)
   run = lambda chunk, tile=128: np.asarray(jax.jit(lambda *ops: gating.moba_gate_topk(
       *ops, seg, block_size=block_size, num_picks=num_picks, interpret=True,
       picks_B=budget - 1, chunk=chunk, tile=tile))(*ops))

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from pallas_kernels.moba import MobaBlockSizes, build_kv_layout, hopper, kernels, moba_gate
-from tests.test_moba_gate import packed_segments
+from tests.test_moba_gate import packed_segments, ragged_budgets
 from tests.test_moba_kernel import assert_close, make_inputs, rel_err, run_both
 
 HOPPER = MobaBlockSizes(block_rows=64, block_k=64, block_k_dkv=64)
@@ -31,7 +31,7 @@ def kernel_args(hq, hkv, block_size, d=64, key_scale=None):
     late = (np.arange(t) % block_size >= block_size // 2)[None, :, None, None]
     k = jnp.where(late, k * key_scale, k).astype(k.dtype)
   seg = packed_segments(rng, b, t, block_size, aligned=bool(rng.integers(2)))
-  budget = jnp.asarray(rng.integers(1, k_max + 1, size=b), jnp.int32)
+  budget = ragged_budgets(rng, b, 1, k_max)
   sel = moba_gate(q, k, seg, budget, block_size=block_size, k_max=k_max)
   layout = build_kv_layout(sel, seg, num_blocks=t // block_size, group_size=hq // hkv,
                            block_rows=HOPPER.block_rows, pad_rows=hopper.ITEM_ROWS)
@@ -439,7 +439,7 @@ def test_attention_with_mosaic_kernels_matches_reference():
   q, k, v, do = make_inputs(rng, b, t, 4, 2, 64, jnp.bfloat16)
   # Documents anywhere (blocks shared by two documents): the same-document masks are tested.
   seg = packed_segments(rng, b, t, block_size, aligned=False)
-  budget = jnp.asarray(rng.integers(1, k_max + 1, size=b), jnp.int32)
+  budget = ragged_budgets(rng, b, 1, k_max)
   got, want = run_both(q, k, v, do, seg, budget, block_size, k_max, bs=HOPPER,
                        backend="mosaic")
   assert_close(got, want, jnp.bfloat16)
