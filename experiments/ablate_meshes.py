@@ -8,8 +8,10 @@ host devices are created; on GPUs, it must be the number present). Without --mes
 config's own mesh is measured. Writes meshes.md and meshes.json under --out.
 """
 
-from absl import app, flags
+from absl import flags
 from ml_collections import config_flags
+
+from experiments import cli
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a get_config() file.",
                                           lock_config=True)
@@ -36,4 +38,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

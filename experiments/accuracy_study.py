@@ -15,7 +15,9 @@ the table.
 
 import os
 
-from absl import app, flags
+from absl import flags
+
+from experiments import cli
 
 _METHODS = flags.DEFINE_list("methods", ["dense", "moba", "sparsebalance"], "Study arms.")
 _SEEDS = flags.DEFINE_list("seeds", ["0", "1"], "Seeds (train.seed = data.seed).")
@@ -63,4 +65,4 @@ def _run(study):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

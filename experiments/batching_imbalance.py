@@ -18,11 +18,13 @@ import os
 import time
 
 import numpy as np
-from absl import app, flags
+from absl import flags
 
+from experiments import cli
 from sparsebalance_jax.balance import latency, tuner
 from sparsebalance_jax.data import batching
 from sparsebalance_jax.data.lengths import sample_lengths
+from sparsebalance_jax.jsonfile import write_json, write_text
 
 _OUT = flags.DEFINE_string("out_dir", "runs/batching_imbalance", "Where to write md + json.")
 _DOCS = flags.DEFINE_integer("docs", 6000, "Documents drawn per distribution.")
@@ -96,8 +98,8 @@ def main(argv):
                     block_size=_BLOCK.value, base_budget=_BUDGET.value, fill=_FILL.value,
                     shape=SHAPE_05B, seed=_SEED.value)
     os.makedirs(_OUT.value, exist_ok=True)
-    with open(os.path.join(_OUT.value, "imbalance.json"), "w") as f:
-        json.dump({"settings": settings, "results": results, "host": host}, f, indent=1)
+    write_json(os.path.join(_OUT.value, "imbalance.json"),
+               {"settings": settings, "results": results, "host": host}, indent=1)
     lines = [f"Predicted imbalance (mean over steps of max/mean shard time); settings: "
              f"{json.dumps(settings)}", "",
              "| lengths | padding | shards | window | steps | random | lbb | sab |",
@@ -109,10 +111,9 @@ def main(argv):
               + f"; tuner decide ({max(shard_counts)} shards): "
               f"{host['tuner_decide_ms_mean']:.3f} ms mean, {host['tuner_decide_ms_p99']:.3f} ms "
               "p99."]
-    with open(os.path.join(_OUT.value, "imbalance.md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
+    write_text(os.path.join(_OUT.value, "imbalance.md"), "\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

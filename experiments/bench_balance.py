@@ -39,7 +39,10 @@ import json
 import os
 import time
 
-from absl import app, flags
+from absl import flags
+
+from experiments import cli
+from sparsebalance_jax.jsonfile import write_json, write_text
 
 _WORKLOADS = flags.DEFINE_list("workloads", ["longalign", "chatqa2"], "Length distributions.")
 _SHARDS = flags.DEFINE_integer("shards", 8,
@@ -173,8 +176,8 @@ def main(argv):
                                                   _BLOCK.value, log)
     settings["compiles_total"] = runner.compiles
     settings["wall_seconds"] = time.perf_counter() - start
-    with open(os.path.join(out, "bench_balance.json"), "w") as f:
-        json.dump({"settings": settings, "workloads": results}, f)
+    write_json(os.path.join(out, "bench_balance.json"),
+               {"settings": settings, "workloads": results})
     title = (f"{device.device_kind}, {'real data parallelism' if mesh else 'simulated'}: "
              f"{_LAYERS.value}-layer {shape.key()}, {setup.num_shards} "
              f"shards x {setup.micro_batches} x {setup.rows_per_micro_batch} rows of "
@@ -183,12 +186,12 @@ def main(argv):
     table = report.markdown_table(results)
     step_rule = ("step: the fused SPMD step's wall time (real all-reduce)" if mesh else
                  f"all-reduce modeled: {1e3 * allreduce:.2f} ms/step at {_BUS.value:g} GB/s")
-    with open(os.path.join(out, "bench_balance.md"), "w") as f:
-        f.write(f"{title}; {step_rule}; {runner.compiles} compiles in total.\n\n{table}\n")
+    write_text(os.path.join(out, "bench_balance.md"),
+               f"{title}; {step_rule}; {runner.compiles} compiles in total.\n\n{table}\n")
     log(f"wrote {out}/bench_balance.{{json,png,md}}; {runner.compiles} compiles in total")
     print(title, flush=True)
     print(table, flush=True)
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

@@ -22,8 +22,10 @@ from __future__ import annotations
 import json
 
 import numpy as np
-from absl import app, flags
+from absl import flags
 from ml_collections import config_flags
+
+from experiments import cli
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a get_config() file.")
 _SHARDS = flags.DEFINE_list("shards", None, "Data-shard counts (default: the config's mesh.data).")
@@ -89,4 +91,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

@@ -13,8 +13,10 @@ bucket and writes the rows and per-example results as JSON to --output.
 
 import os
 
-from absl import app, flags, logging
+from absl import flags, logging
 from ml_collections import config_flags
+
+from experiments import cli
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a get_config() file.",
                                           lock_config=True)
@@ -114,4 +116,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

@@ -11,8 +11,10 @@ Defaults: lengths = block multiples doubling from one block up to data.seq_len, 
 """
 
 import numpy as np
-from absl import app, flags
+from absl import flags
 from ml_collections import config_flags
+
+from experiments import cli
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a get_config() file.")
 _OUT = flags.DEFINE_string("out_dir", None, "Tables folder (default: balance.latency_table).")
@@ -40,4 +42,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

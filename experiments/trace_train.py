@@ -18,8 +18,10 @@ profiler's GPU timeline.
 
 import json
 
-from absl import app, flags
+from absl import flags
 from ml_collections import config_flags
+
+from experiments import cli
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a get_config() file.",
                                           lock_config=True)
@@ -93,4 +95,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

@@ -1,7 +1,9 @@
 """Train: `python -m experiments.train --config=configs/longbench.py [--config.a.b=value]`."""
 
-from absl import app, logging
+from absl import logging
 from ml_collections import config_flags
+
+from experiments import cli
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a get_config() file.",
                                           lock_config=True)
@@ -17,4 +19,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

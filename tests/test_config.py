@@ -1,5 +1,6 @@
 """Invalid configurations fail at start with a message naming the field."""
 
+import numpy as np
 import pytest
 
 from configs.longbench import get_config
@@ -35,7 +36,7 @@ def test_presets_are_valid():
     (dict(balance__anchor="median"), "balance.anchor"),
     (dict(model__vocab_size=256), "model.vocab_size"),
     (dict(mesh__fsdp=3), "mesh.fsdp"),
-    (dict(optimizer__warmup_steps=500), "optimizer.warmup_steps"),
+    (dict(optimizer__warmup_steps=-1), "optimizer.warmup_steps"),
     (dict(train__log_every=0), "train.log_every"),
     (dict(attention__layer_budget_scale=(1.0, 1.0, 1.0, 1.5)), "attention.layer_budget_scale"),
     (dict(balance__dst=True, attention__implementation="reference"), "balance.dst"),
@@ -79,6 +80,37 @@ def test_hopper_kernels_off_hopper_stop_the_run_naming_the_field():
     with pytest.raises(ConfigError, match=r"attention\.moba_backend: .*Hopper"):
         check_attention_runs_here(cfg)
     check_attention_runs_here(from_config_dict(get_config("cpu"), device_count=2))
+
+
+def test_attention_a_cpu_cannot_run_stops_the_run_naming_the_field():
+    """cuDNN attention, or the Pallas kernels compiled (not interpreted), stop a CPU-only
+    process at launch; a GPU process runs both."""
+    import jax
+
+    from sparsebalance_jax.config import check_attention_runs_here
+
+    cases = ((dict(attention__implementation="cudnn", balance__dst=False),
+              r"attention\.implementation: 'cudnn'"),
+             (dict(attention__interpret=False), r"attention\.interpret: False"))
+    for changes, message in cases:
+        cfg = from_config_dict(_raw(**changes), device_count=2)
+        if jax.devices()[0].platform == "gpu":
+            check_attention_runs_here(cfg)
+        else:
+            with pytest.raises(ConfigError, match=message):
+                check_attention_runs_here(cfg)
+
+
+def test_warmup_may_outlast_the_run():
+    """A short run under a longer warm-up validates, and its rate rises to the end, below
+    the peak."""
+    from sparsebalance_jax.training.state import learning_rate_schedule
+
+    cfg = from_config_dict(_raw(train__num_steps=3, optimizer__warmup_steps=10), device_count=2)
+    rates = [float(learning_rate_schedule(cfg.optimizer, 3)(i)) for i in range(3)]
+    assert rates == sorted(rates) and rates[-1] < cfg.optimizer.learning_rate
+    np.testing.assert_allclose(rates, [cfg.optimizer.learning_rate * i / 10 for i in range(3)],
+                               rtol=1e-6)
 
 
 def test_moba_backends_are_the_kernel_registry():

@@ -1,6 +1,7 @@
 """Eval harness: answer alignment with an oracle model, padding invariance with a real
 tiny model, checkpoint restore, summary rows and JSON."""
 
+import dataclasses
 import json
 import pathlib
 
@@ -12,7 +13,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from configs.longbench import get_config
-from sparsebalance_jax.config import from_config_dict
+from sparsebalance_jax.config import ConfigError, from_config_dict
 from sparsebalance_jax.data import sources
 from sparsebalance_jax.data.tokenizer import ByteTokenizer
 from sparsebalance_jax.eval import harness, longbench, suite
@@ -168,6 +169,14 @@ def test_restore_params_roundtrip(tmp_path):
     with pytest.raises(FileNotFoundError, match="no checkpoint under"):
         harness.restore_params(cfg, str(tmp_path / "empty"))
     assert not (tmp_path / "empty").exists()  # a mistyped path is not created
+    # With the run's config recorded, another model is named before anything is restored.
+    checkpoint.check_run_config(str(tmp_path), cfg, resuming=False, write=True)
+    assert harness.restore_params(cfg, str(tmp_path))[0] == 5
+    other = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, rope_theta=123.0))
+    with pytest.raises(ConfigError, match=r"model: .*model\.rope_theta: .* -> 123\.0"):
+        harness.restore_params(other, str(tmp_path))
+    unrolled = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, scan_layers=False))
+    assert harness.restore_params(unrolled, str(tmp_path))[0] == 5  # same parameters
 
 
 def test_summary_table_and_json(tmp_path):

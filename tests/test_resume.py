@@ -72,6 +72,16 @@ def test_kill_and_resume_matches_uninterrupted(tmp_path, attention):
         assert budgets == {k: got[step][k] for k in budgets}, step
 
 
+def test_bad_config_stops_the_command_with_one_message(tmp_path):
+    """A config the launch refuses ends the command with exit status 2 and the message naming
+    the field, no traceback, and nothing written."""
+    proc = _train(tmp_path / "run", "--config.attention.budget=99")
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 2 and "Traceback" not in err, err[-2000:]
+    assert err.strip().startswith("config error: attention.budget"), err[-2000:]
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.slow
 def test_diverging_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
     # Adam's step is ~lr whatever the gradient, so lr=1e30 wrecks the weights at step 1.
@@ -97,7 +107,7 @@ def test_resume_with_another_config_stops_naming_the_fields(tmp_path):
              "--config.data.batcher=lbb"]
     proc = _train(run, *DENSE, *three)
     _, err = proc.communicate(timeout=600)
-    assert proc.returncode != 0
+    assert proc.returncode == 2 and "Traceback" not in err, err[-2000:]  # one message
     assert "train.resume_with_changes" in err and "optimizer.learning_rate" in err \
         and "data.batcher" in err and "train.num_steps: 2 -> 3" in err, err[-2000:]
     assert sorted(read_metrics(str(run))) == [1, 2]  # nothing trained, nothing written

@@ -333,6 +333,7 @@ def restore_params(cfg, workdir: str, step: int | None = None) -> tuple[int, Any
         return TrainState.create(apply_fn=model.apply, params=nn.meta.unbox(variables["params"]),
                                  tx=tx)
 
+    checkpoint.check_model_matches_run(workdir, cfg)
     device = jax.local_devices()[0]
     target = jax.tree.map(
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype,

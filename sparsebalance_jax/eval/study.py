@@ -25,7 +25,7 @@ from typing import Sequence
 
 import numpy as np
 
-from sparsebalance_jax.jsonfile import write_json
+from sparsebalance_jax.jsonfile import write_json, write_text
 from sparsebalance_jax.training.metrics import read_metrics
 
 CONFIG = "configs/accuracy_study.py"
@@ -216,6 +216,5 @@ def write_results(out_dir: str, results: Sequence[dict], meta: dict) -> tuple[st
     json_path = os.path.join(out_dir, "study.json")
     md_path = os.path.join(out_dir, "study.md")
     write_json(json_path, {**meta, "arms": results, "summary": summary}, indent=1)
-    with open(md_path, "w") as f:
-        f.write(format_markdown(results, summary))
+    write_text(md_path, format_markdown(results, summary))
     return json_path, md_path

@@ -22,7 +22,7 @@ import numpy as np
 
 from sparsebalance_jax.config import (Config, ConfigError, MeshConfig, check_attention_runs_here,
                                       from_config_dict)
-from sparsebalance_jax.jsonfile import write_json
+from sparsebalance_jax.jsonfile import write_json, write_text
 
 # Tracing, lowering and XLA compilation: together, what a first call pays on top of running.
 COMPILE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration",
@@ -226,7 +226,6 @@ def write_results(out_dir: str, results: Sequence[MeshResult], meta: Mapping[str
     """Writes `meshes.md` and `meshes.json` under `out_dir`; returns their paths."""
     os.makedirs(out_dir, exist_ok=True)
     md_path, json_path = os.path.join(out_dir, "meshes.md"), os.path.join(out_dir, "meshes.json")
-    with open(md_path, "w") as f:
-        f.write(to_markdown(results, title))
+    write_text(md_path, to_markdown(results, title))
     write_json(json_path, dict(meta, results=[dataclasses.asdict(r) for r in results]), indent=1)
     return md_path, json_path

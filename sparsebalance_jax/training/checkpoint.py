@@ -80,3 +80,25 @@ def check_run_config(workdir: str, cfg: Config, *, resuming: bool, write: bool) 
         os.makedirs(workdir, exist_ok=True)
         write_json(path, config_record(cfg), indent=1)
     return changes
+
+
+
+def check_model_matches_run(workdir: str, cfg: Config) -> None:
+    """Raises ConfigError naming every model field of `cfg` that differs from the config
+    recorded in `workdir` (run.json): restoring its parameters into another model fails on a
+    shape or, worse, runs it as a model it was not trained as. A work directory without
+    run.json passes with a note."""
+    path = os.path.join(workdir, RUN_CONFIG)
+    if not os.path.exists(path):
+        print(f"note: {workdir} has no {RUN_CONFIG}; the model its checkpoints hold cannot be "
+              "compared with this config's", flush=True)
+        return
+    with open(path) as f:
+        saved = json.load(f)
+    # config_changes leaves out the fields that change neither the parameters nor what the
+    # model computes (remat, scanned or unrolled layers: RESUMABLE_CHANGES).
+    changed = [c for c in config_changes(saved, cfg) if c.startswith("model.")]
+    if changed:
+        raise ConfigError(f"model: the checkpoints in {workdir} hold another model ({path}); "
+                          "differs: " + "; ".join(changed) + ". Evaluate with the run's config "
+                          "(its config file and the overrides it was trained with)")

@@ -16,7 +16,8 @@ from sparsebalance_jax.training.step import mesh_context
 
 
 def learning_rate_schedule(opt: OptimizerConfig, num_steps: int) -> optax.Schedule:
-    """Linear warm-up to the peak, then cosine decay to `min_lr_ratio` x peak."""
+    """Linear warm-up to the peak, then cosine decay to `min_lr_ratio` x peak (a run shorter
+    than its warm-up ends on the rising ramp)."""
     return optax.warmup_cosine_decay_schedule(
         init_value=0.0, peak_value=opt.learning_rate, warmup_steps=opt.warmup_steps,
         decay_steps=max(num_steps, opt.warmup_steps + 1),
