@@ -502,10 +502,16 @@ def test_layout_without_128_row_runs_is_an_error():
 
 def test_compiled_kernels_off_hopper_are_an_error():
   """Compiled (not interpreted) Mosaic GPU kernels need a Hopper GPU; on any other device the
-  call says so instead of failing in the lowering. Interpret mode runs anywhere."""
+  call says so instead of failing in the lowering. Interpret mode runs anywhere, on CPU given
+  enough host devices (fewer: an error naming the flag, not a call that never returns)."""
   from pallas_kernels.moba import moba_attention
   hopper.check_device(True)
   device = jax.devices()[0]
+  if device.platform == "cpu":
+    with pytest.MonkeyPatch.context() as mp:
+      mp.setattr(jax, "device_count", lambda *a: hopper.INTERPRET_MIN_HOST_DEVICES - 1)
+      with pytest.raises(ValueError, match="xla_force_host_platform_device_count=4"):
+        hopper.check_device(True)
   if device.platform == "gpu" and str(device.compute_capability).startswith("9"):
     hopper.check_device(False)  # the compiled kernels run here (test_gpu_compiled_mosaic_...)
     return

@@ -59,16 +59,17 @@ bf16 only (wgmma's 16-bit path); float32 inputs stay on the Triton kernels. In i
 runs.
 """
 
-from pallas_kernels.moba.hopper.common import (DKV_TILE, ITEM_ROWS, check_device,
-                                               check_supported, gather_rows, profile_kernels,
-                                               sorted_rows)
+from pallas_kernels.moba.hopper.common import (DKV_TILE, INTERPRET_MIN_HOST_DEVICES, ITEM_ROWS,
+                                               check_device, check_supported, gather_rows,
+                                               profile_kernels, sorted_rows)
 from pallas_kernels.moba.hopper.dkv import (DkvItems, dkv_chunk_rows, dkv_chunk_steps, dkv_items,
                                             longest_first, moba_dkv)
 from pallas_kernels.moba.hopper.rows import (dq_schedule, forward_schedule, moba_dq_rows,
                                              moba_forward_rows, RowSchedule)
 from pallas_kernels.moba.hopper.streams import box_halves, persistent_items
 
-__all__ = ["DKV_TILE", "ITEM_ROWS", "DkvItems", "RowSchedule", "box_halves", "check_device",
-           "check_supported", "dkv_chunk_rows", "dkv_chunk_steps", "dkv_items", "dq_schedule",
-           "forward_schedule", "gather_rows", "longest_first", "moba_dkv", "moba_dq_rows",
-           "moba_forward_rows", "persistent_items", "profile_kernels", "sorted_rows"]
+__all__ = ["DKV_TILE", "INTERPRET_MIN_HOST_DEVICES", "ITEM_ROWS", "DkvItems", "RowSchedule",
+           "box_halves", "check_device", "check_supported", "dkv_chunk_rows", "dkv_chunk_steps",
+           "dkv_items", "dq_schedule", "forward_schedule", "gather_rows", "longest_first",
+           "moba_dkv", "moba_dq_rows", "moba_forward_rows", "persistent_items", "profile_kernels",
+           "sorted_rows"]

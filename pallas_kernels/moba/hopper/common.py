@@ -49,12 +49,28 @@ def _check_operands(q_dtype, head_dim: int, bs: MobaBlockSizes) -> None:
                      f"{bs.block_rows}")
 
 
+# Host devices Mosaic GPU's interpret mode needs on CPU. It runs each simulated warpgroup as
+# an XLA computation of its own, on its own Python thread, and they wait on one another at
+# their barriers; with too few host devices the CPU client cannot run them all at once and
+# the call never returns. Measured on 2 cores (the notebook's kernels, up to 4 warpgroups):
+# hung at 1, 2 and 3 host devices, ran at 4 and 8 (the test suite's).
+INTERPRET_MIN_HOST_DEVICES = 4
+
+
 def check_device(interpret) -> None:
   """Raises unless the kernels can run where they are called: compiled, on a Hopper GPU
-  (compute capability 9.x: wgmma and TMA); interpret mode runs anywhere."""
-  if interpret:
-    return
+  (compute capability 9.x: wgmma and TMA); interpreted, on a GPU or on enough CPU host
+  devices (INTERPRET_MIN_HOST_DEVICES)."""
   device = jax.devices()[0]
+  if interpret:
+    if device.platform == "cpu" and jax.device_count() < INTERPRET_MIN_HOST_DEVICES:
+      raise ValueError(
+          f"the Mosaic GPU kernels' interpret mode on CPU needs at least "
+          f"{INTERPRET_MIN_HOST_DEVICES} host devices (its warpgroups run as computations that "
+          f"wait on one another; with fewer they never finish); this process has "
+          f"{jax.device_count()}: start it with XLA_FLAGS="
+          f"--xla_force_host_platform_device_count={INTERPRET_MIN_HOST_DEVICES}")
+    return
   if device.platform != "gpu" or not str(getattr(device, "compute_capability", "")).startswith(
       "9"):
     raise ValueError(f"the Mosaic GPU kernels (backend='mosaic') run compiled on Hopper GPUs "
