@@ -12,9 +12,10 @@ Presets:
   cpu: the same architecture scaled down (4 layers, d 128, 4/2 heads x 32) at 1K context,
        block 64, on 2 host devices (data=2) so that DST decides and logs a budget per shard.
        SAB's batches leave these two shards nearly even, so the budgets stay at the base:
-       a 120-step run on 2026-12-04 predicted an imbalance of 1.004 on average, 1.021 at
-       most, within the 2% dead band, and ran every step at (3, 3); DST weighed no cut, so it
-       read no gate coverage and logged no coverage/ metric.
+       a 120-step run on 2026-12-04 predicted an imbalance (max / mean) of 1.004 on average,
+       1.021 at most, no shard's gap to the anchor beyond both the 2% dead band and half a
+       budget block, and ran every step at (3, 3); DST weighed no cut, so it read no gate
+       coverage and logged no coverage/ metric.
        `experiments.dst_dry_run` shows its decisions over more shards. It runs 120 steps in
        about 1.5 minutes on 2 cores (MoBA in Pallas interpret mode; 1 min 39 s wall on
        2026-12-04); the loss falls from 5.93 (uniform over the 384-entry vocabulary: 5.95)
