@@ -333,7 +333,6 @@ def restore_params(cfg, workdir: str, step: int | None = None) -> tuple[int, Any
         return TrainState.create(apply_fn=model.apply, params=nn.meta.unbox(variables["params"]),
                                  tx=tx)
 
-    checkpoint.check_model_matches_run(workdir, cfg)
     device = jax.local_devices()[0]
     target = jax.tree.map(
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype,
@@ -342,6 +341,7 @@ def restore_params(cfg, workdir: str, step: int | None = None) -> tuple[int, Any
     folder = os.path.abspath(os.path.join(workdir, "checkpoints"))
     if not os.path.isdir(folder):  # a mistyped path is reported, not created
         raise FileNotFoundError(f"no checkpoint under {folder}")
+    checkpoint.check_model_matches_run(workdir, cfg)
     manager = checkpoint.make_manager(workdir, every=cfg.train.checkpoint_every,
                                       keep=cfg.train.checkpoint_keep, create=False)
     available = manager.all_steps()

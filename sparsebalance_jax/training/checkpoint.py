@@ -82,7 +82,6 @@ def check_run_config(workdir: str, cfg: Config, *, resuming: bool, write: bool) 
     return changes
 
 
-
 def check_model_matches_run(workdir: str, cfg: Config) -> None:
     """Raises ConfigError naming every model field of `cfg` that differs from the config
     recorded in `workdir` (run.json): restoring its parameters into another model fails on a
