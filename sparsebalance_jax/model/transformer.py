@@ -216,9 +216,16 @@ class Transformer(nn.Module):
         else:
             run = unrolled_layer(m, self.attention, self.k_max)
             stacked = nn.meta.unbox(self.variables["params"]["layers"])
+            # Each weight split into its layers in one op, whose gradient is one concatenation.
+            # Layer i sliced out on its own instead makes the stacked gradient a chain of one
+            # padded add per layer over the whole stack (BENCHMARKS.md, "The stacked weights'
+            # gradient").
+            leaves, tree = jax.tree.flatten(stacked)
+            parts = [jax.lax.split(x, [1] * m.num_layers) for x in leaves]
             for i in range(m.num_layers):
-                x_BTE = run(jax.tree.map(lambda p, i=i: p[i], stacked), x_BTE, segment_ids_BT,
-                            positions_BT, budget_B, scales_L[i])
+                layer_params = jax.tree.unflatten(tree, [part[i][0] for part in parts])
+                x_BTE = run(layer_params, x_BTE, segment_ids_BT, positions_BT, budget_B,
+                            scales_L[i])
         x_BTE = RMSNorm(m.rms_eps, m.param_dtype, m.compute_dtype, name="final_norm")(x_BTE)
         logits_BTV = Linear((m.vocab_size,), ("embed", "vocab"), dtype="float32",
                             param_dtype=m.param_dtype, name="lm_head")(x_BTE)
