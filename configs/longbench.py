@@ -64,7 +64,7 @@ def get_config(preset: str = "auto") -> ml_collections.ConfigDict:
     # Run the layers as one scanned layer (True) or unrolled, one after another, over the same
     # stacked parameters (False: each layer's kept values stay buffers of their own instead of
     # being copied into the scan's stacked buffers). The gpu preset unrolls: its H200 step
-    # 460-461 -> 426-427 ms, peak memory 33.5 -> 35.7-35.9 GB, compile 29 -> 47-50 s
+    # 460-461 -> 424-428 ms, peak memory 33.5 -> 35.7-36.1 GB, compile 29 -> 47-59 s
     # (BENCHMARKS.md).
     m.scan_layers = not gpu
 
