@@ -64,12 +64,12 @@ def check_run_config(workdir: str, cfg: Config, *, resuming: bool, write: bool) 
     existed is resumed with a note that its config could not be compared."""
     path = os.path.join(workdir, RUN_CONFIG)
     changes: list[str] = []
-    if resuming and not os.path.exists(path):
+    saved = _recorded_config(workdir) if resuming else None
+    if resuming and saved is None:
         print(f"note: {workdir} has no {RUN_CONFIG}; the config its checkpoints were written "
               "with cannot be compared with this one", flush=True)
     elif resuming:
-        with open(path) as f:
-            changes = config_changes(json.load(f), cfg)
+        changes = config_changes(saved, cfg)
         if changes and not cfg.train.resume_with_changes:
             raise ConfigError(
                 f"train.resume_with_changes: the checkpoints in {workdir} were written with "
@@ -87,17 +87,25 @@ def check_model_matches_run(workdir: str, cfg: Config) -> None:
     recorded in `workdir` (run.json): restoring its parameters into another model fails on a
     shape or, worse, runs it as a model it was not trained as. A work directory without
     run.json passes with a note."""
-    path = os.path.join(workdir, RUN_CONFIG)
-    if not os.path.exists(path):
+    saved = _recorded_config(workdir)
+    if saved is None:
         print(f"note: {workdir} has no {RUN_CONFIG}; the model its checkpoints hold cannot be "
               "compared with this config's", flush=True)
         return
-    with open(path) as f:
-        saved = json.load(f)
     # config_changes leaves out the fields that change neither the parameters nor what the
     # model computes (remat, scanned or unrolled layers: RESUMABLE_CHANGES).
     changed = [c for c in config_changes(saved, cfg) if c.startswith("model.")]
     if changed:
-        raise ConfigError(f"model: the checkpoints in {workdir} hold another model ({path}); "
+        raise ConfigError(f"model: the checkpoints in {workdir} hold another model "
+                          f"({os.path.join(workdir, RUN_CONFIG)}); "
                           "differs: " + "; ".join(changed) + ". Evaluate with the run's config "
                           "(its config file and the overrides it was trained with)")
+
+
+def _recorded_config(workdir: str) -> dict | None:
+    """The config `workdir` records (run.json), or None where it records none."""
+    path = os.path.join(workdir, RUN_CONFIG)
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
