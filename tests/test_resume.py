@@ -82,6 +82,17 @@ def test_bad_config_stops_the_command_with_one_message(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+def test_override_of_a_missing_field_stops_the_command_naming_it(tmp_path):
+    """A `--config.` override of a field the config lacks ends the command at flag parsing with
+    one message naming the override (and ml_collections' nearest field), exit status 2."""
+    proc = _train(tmp_path / "run", "--config.train.num_step=3")
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 2 and "Traceback" not in err, err[-2000:]
+    assert err.strip().startswith("config error: train.num_step: the config has no such field")
+    assert '"num_steps"' in err, err[-2000:]
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.slow
 def test_diverging_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
     # Adam's step is ~lr whatever the gradient, so lr=1e30 wrecks the weights at step 1.
