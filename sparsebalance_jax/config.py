@@ -151,12 +151,12 @@ class Config:
 
 
 # Fields a resumed run may change without train.resume_with_changes: they touch only how often
-# the run logs and saves, what the backward pass recomputes (remat trades memory for time; the
+# the run logs and saves, where its directory is (another spelling of it, a moved run), what the backward pass recomputes (remat trades memory for time; the
 # gradients are the same) and whether the layers run scanned or unrolled (the same parameters),
 # not what it computes.
 RESUMABLE_CHANGES = ("train.log_every", "train.checkpoint_every", "train.checkpoint_keep",
-                     "train.resume_with_changes", "model.remat", "model.remat_keep",
-                     "model.scan_layers")
+                     "train.resume_with_changes", "train.workdir", "model.remat",
+                     "model.remat_keep", "model.scan_layers")
 
 
 def config_changes(saved: Mapping[str, Any], cfg: Config) -> list[str]:
@@ -294,12 +294,15 @@ def validate(cfg: Config, device_count: int | None = None) -> None:
     _require(d.batcher in BATCHERS, "data.batcher", f"{d.batcher!r} not in {BATCHERS}")
     _require(d.length_distribution in LENGTH_DISTRIBUTIONS, "data.length_distribution",
              f"{d.length_distribution!r} not in {LENGTH_DISTRIBUTIONS}")
-    _require(0 < d.min_doc_len <= d.max_doc_len <= d.seq_len, "data.max_doc_len",
-             f"need 0 < data.min_doc_len ({d.min_doc_len}) <= data.max_doc_len "
+    # A document holds at least its BOS and EOS.
+    _require(d.min_doc_len >= 2, "data.min_doc_len", f"{d.min_doc_len} must be >= 2")
+    _require(d.min_doc_len <= d.max_doc_len <= d.seq_len, "data.max_doc_len",
+             f"need data.min_doc_len ({d.min_doc_len}) <= data.max_doc_len "
              f"({d.max_doc_len}) <= data.seq_len ({d.seq_len})")
-    weights = (d.text_weight, d.synthetic_weight, d.jsonl_weight)
-    _require(all(w >= 0 for w in weights) and sum(weights) > 0, "data.text_weight",
-             "source weights (text/synthetic/jsonl) must be >= 0 and not all zero")
+    for field in ("text_weight", "synthetic_weight", "jsonl_weight"):
+        _require(getattr(d, field) >= 0, f"data.{field}", f"{getattr(d, field)} must be >= 0")
+    _require(d.text_weight + d.synthetic_weight + d.jsonl_weight > 0, "data.text_weight",
+             "source weights (text/synthetic/jsonl) are all zero")
     _require(d.jsonl_weight == 0 or len(d.jsonl_paths) > 0, "data.jsonl_paths",
              "data.jsonl_weight > 0 needs at least one path")
     _require(d.jsonl_weight > 0 or not d.jsonl_paths, "data.jsonl_weight",
@@ -308,8 +311,8 @@ def validate(cfg: Config, device_count: int | None = None) -> None:
     _require(d.seed >= 0, "data.seed", f"{d.seed} must be >= 0")
     _require(d.max_bad_lines >= 0, "data.max_bad_lines", f"{d.max_bad_lines} must be >= 0")
     _require(d.length_scale > 0, "data.length_scale", f"{d.length_scale} must be positive")
-    _require(d.rows_per_micro_batch > 0 and d.micro_batches > 0, "data.rows_per_micro_batch",
-             "rows per micro-batch and micro-batches must be positive")
+    for field in ("rows_per_micro_batch", "micro_batches"):
+        _require(getattr(d, field) > 0, f"data.{field}", f"{getattr(d, field)} must be positive")
     _require(d.window >= 1, "data.window", "must be >= 1")
     for axis in ("data", "fsdp", "tensor"):
         _require(getattr(mesh, axis) >= 1, f"mesh.{axis}", "must be >= 1 (resolve -1 first)")
@@ -360,8 +363,8 @@ def validate(cfg: Config, device_count: int | None = None) -> None:
     # Warm-up may outlast a short run: the rate then ends below its peak.
     _require(cfg.optimizer.warmup_steps >= 0, "optimizer.warmup_steps",
              f"{cfg.optimizer.warmup_steps} must be >= 0")
-    _require(t.checkpoint_every > 0 and t.checkpoint_keep > 0, "train.checkpoint_every",
-             "checkpoint_every and checkpoint_keep must be positive")
+    for field in ("checkpoint_every", "checkpoint_keep"):
+        _require(getattr(t, field) > 0, f"train.{field}", f"{getattr(t, field)} must be positive")
 
 
 def resolve_mesh(mesh: MeshConfig, device_count: int) -> MeshConfig:

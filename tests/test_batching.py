@@ -97,6 +97,37 @@ def test_resume_mid_epoch_matches_uninterrupted(name):
                 np.testing.assert_array_equal(got[key], want[key], err_msg=key)
 
 
+@pytest.mark.parametrize("name", batching.BATCHERS)
+def test_resume_under_other_settings_goes_on_from_the_next_window(name):
+    """Saved at a window's end, a state resumes under another window size (or shard count) with
+    the next window: every document once over both runs. Saved inside a window, it is refused,
+    not left to emit all-padding steps past the end of a plan made with other settings."""
+    lengths = np.random.default_rng().integers(1, 64, size=90)
+    old = _batcher(lengths, name, window=3)
+    it = iter(old)
+    steps, window_ends = [], []
+    for _ in range(6):
+        steps.append(next(it))
+        if it._emitted == it._plan.num_steps:
+            window_ends.append(len(steps))
+    assert window_ends, "no window ended in six steps"
+    it = iter(old)
+    first = [next(it) for _ in range(window_ends[0])]
+    state = json.loads(json.dumps(it.get_state()))
+    for new in (_batcher(lengths, name, window=1), _batcher(lengths, name, window=3, shards=1)):
+        resumed = iter(new)
+        resumed.set_state(state)
+        rest = list(resumed)
+        assert rest and all(s["segment_ids"].any() for s in rest)
+        assert _tokens_per_doc(first + rest) == {i + 1: n for i, n in enumerate(lengths)}
+    it = iter(old)
+    next(it)
+    mid = json.loads(json.dumps(it.get_state()))
+    assert mid["emitted"] < mid["window_steps"]
+    with pytest.raises(batching.BatcherStateError, match=r"window: 3 -> 1.*halfway"):
+        iter(_batcher(lengths, name, window=1)).set_state(mid)
+
+
 def test_document_longer_than_a_row_is_an_error():
     with pytest.raises(ValueError, match="does not fit a row"):
         list(_batcher([10, 65, 3], "sab"))

@@ -103,14 +103,14 @@ def test_attention_a_cpu_cannot_run_stops_the_run_naming_the_field():
 
 def test_warmup_may_outlast_the_run():
     """A short run under a longer warm-up validates, and its rate rises to the end, below
-    the peak."""
+    the peak; the first update's rate is a warm-up step's, not 0."""
     from sparsebalance_jax.training.state import learning_rate_schedule
 
     cfg = from_config_dict(_raw(train__num_steps=3, optimizer__warmup_steps=10), device_count=2)
     rates = [float(learning_rate_schedule(cfg.optimizer, 3)(i)) for i in range(3)]
     assert rates == sorted(rates) and rates[-1] < cfg.optimizer.learning_rate
-    np.testing.assert_allclose(rates, [cfg.optimizer.learning_rate * i / 10 for i in range(3)],
-                               rtol=1e-6)
+    np.testing.assert_allclose(rates, [cfg.optimizer.learning_rate * (i + 1) / 10
+                                       for i in range(3)], rtol=1e-6)
 
 
 def test_moba_backends_are_the_kernel_registry():

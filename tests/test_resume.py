@@ -101,6 +101,7 @@ def test_diverging_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
     _, err = proc.communicate(timeout=600)
     assert proc.returncode != 0
     assert "TrainingDivergedError" in err and "at step 2; stopping" in err, err[-2000:]
+    assert "the parameters step 2 began with" in err, err[-2000:]
     assert sorted(os.listdir(tmp_path / "run" / "checkpoints")) == ["1"]
 
 
@@ -122,6 +123,20 @@ def test_resume_with_another_config_stops_naming_the_fields(tmp_path):
     assert "train.resume_with_changes" in err and "optimizer.learning_rate" in err \
         and "data.batcher" in err and "train.num_steps: 2 -> 3" in err, err[-2000:]
     assert sorted(read_metrics(str(run))) == [1, 2]  # nothing trained, nothing written
+    # A change let through that then cannot restore (another model shape) leaves run.json
+    # naming the config that wrote the checkpoints.
+    recorded = (run / "run.json").read_bytes()
+    proc = _train(run, *DENSE, *three, "--config.train.resume_with_changes=True",
+                  "--config.model.num_layers=3")
+    _, err = proc.communicate(timeout=600)
+    assert proc.returncode != 0, err[-2000:]
+    assert (run / "run.json").read_bytes() == recorded
+    # Another batcher cannot take over a window halfway: refused, naming it.
+    proc = _train(run, *DENSE, *three, "--config.train.resume_with_changes=True")
+    _, err = proc.communicate(timeout=600)
+    assert proc.returncode == 2 and "method: 'sab' -> 'lbb'" in err, err[-2000:]
+    assert (run / "run.json").read_bytes() == recorded
+    three = three[:-1]  # the batcher kept
     _finish(_train(run, *DENSE, *three, "--config.train.resume_with_changes=True",
                    "--config.train.log_every=1"))
     assert sorted(read_metrics(str(run))) == [1, 2, 3]

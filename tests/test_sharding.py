@@ -1,5 +1,6 @@
 """Sharded == unsharded on 8 host devices, and per-shard budgets reach their own rows."""
 
+import dataclasses
 import re
 
 import jax
@@ -43,6 +44,12 @@ def _on_mesh(cfg, mesh_shape):
 
 
 def _one_step(cfg, mesh_shape, batch):
+    # Adam's first update is lr * g / (|g| + eps): at the default eps it is sign(g) wherever
+    # |g| >> eps, and its value on the few gradients near eps follows rounding in the
+    # reduction order, which the mesh sets. An eps well above that noise keeps the update a
+    # smooth function of the gradient, so that comparing updates compares gradients.
+    cfg = cfg.__class__(**{**cfg.__dict__,
+                           "optimizer": dataclasses.replace(cfg.optimizer, eps=1e-3)})
     _, mesh, model, state, shardings = _on_mesh(cfg, mesh_shape)
     params0 = jax.tree.map(np.asarray, state.params)
     step = compile_train_step(model, mesh, shardings)
@@ -62,6 +69,7 @@ def test_loss_and_update_agree_across_meshes(implementation, meshes):
     cfg = tiny_config(implementation)
     batch = _batch(np.random.default_rng())
     ref_loss, ref_norm, ref_update = _one_step(cfg, meshes[0], batch)
+    assert all(np.abs(u).max() > 0 for u in jax.tree.leaves(ref_update))  # the step moved all
     for mesh_shape in meshes[1:]:
         if implementation == "moba":
             cfg = tiny_config(implementation, remat=True, remat_keep=("attention",),

@@ -351,10 +351,18 @@ def build_step(docs: Sequence[dict], doc_ids: Sequence[int], plan: WindowPlan, s
     return out
 
 
+class BatcherStateError(ValueError):
+    """A saved batcher state that cannot continue under this batcher's settings."""
+
+
 class _BatcherIterator(grain.DatasetIterator):
     """State: the parent's state at the start of the current window, the window's index, the
-    number of documents before it, and how many of its steps were emitted. Restoring re-reads
-    the window from the parent and re-plans it (deterministic), then skips the emitted steps."""
+    number of documents before it, how many of its steps were emitted, the window's documents
+    and steps, and the settings that planned it. Restoring re-reads the window from the parent
+    and re-plans it (deterministic), then skips the emitted steps. Under other settings the
+    window would be cut and planned otherwise, so a state saved at the end of a window goes
+    on with the next window under the new settings, and one saved inside a window is refused
+    (BatcherStateError)."""
 
     def __init__(self, parent: grain.DatasetIterator, dataset: BatcherDataset):
         super().__init__(parent)
@@ -400,14 +408,17 @@ class _BatcherIterator(grain.DatasetIterator):
         self._plan = plan_window(self._ds.method, lengths_N, self._ds.geometry,
                                  self._ds.cost_model, self._ds.base_budget, rng, self._ds.fill)
 
+    def _next_window(self) -> None:
+        self._window_index += 1
+        self._docs_before += len(self._docs)
+        self._emitted = 0
+        self._read_window()
+
     def __next__(self) -> dict[str, np.ndarray]:
         if self._docs is None:
             self._read_window()
-        elif self._plan is not None and self._emitted == self._plan.num_steps:
-            self._window_index += 1
-            self._docs_before += len(self._docs)
-            self._emitted = 0
-            self._read_window()
+        elif self._plan is not None and self._emitted >= self._plan.num_steps:
+            self._next_window()
         if self._plan is None:
             raise StopIteration
         ids = range(self._docs_before, self._docs_before + len(self._docs))
@@ -418,7 +429,10 @@ class _BatcherIterator(grain.DatasetIterator):
 
     def get_state(self) -> dict[str, Any]:
         return {"parent": self._window_state, "window_index": self._window_index,
-                "docs_before": self._docs_before, "emitted": self._emitted}
+                "docs_before": self._docs_before, "emitted": self._emitted,
+                "window_docs": len(self._docs or ()),
+                "window_steps": self._plan.num_steps if self._plan is not None else 0,
+                "settings": self._ds.settings()}
 
     def set_state(self, state: dict[str, Any]) -> None:
         self._parent.set_state(state["parent"])
@@ -426,8 +440,28 @@ class _BatcherIterator(grain.DatasetIterator):
         self._lookahead = None
         self._window_index = int(state["window_index"])
         self._docs_before = int(state["docs_before"])
+        emitted = int(state["emitted"])
+        saved = state.get("settings")  # None: a state from before the settings were saved
+        changed = [f"{k}: {saved.get(k)!r} -> {v!r}" for k, v in self._ds.settings().items()
+                   if saved is not None and saved.get(k) != v]
+        if changed:
+            steps, docs = int(state["window_steps"]), int(state["window_docs"])
+            if emitted < steps:
+                raise BatcherStateError(
+                    f"the data iterator was saved after step {emitted} of the {steps} of its "
+                    f"window {self._window_index}, planned with other settings ("
+                    + "; ".join(changed) + "); a window cannot be planned again halfway. "
+                    "Resume with the saved settings, or from a checkpoint at a window's end")
+            for _ in range(docs):  # The finished window's documents, then the next window.
+                next(self._parent)
+            self._docs = [None] * docs
+            self._next_window()
+            return
         self._read_window()
-        self._emitted = int(state["emitted"])
+        if self._plan is not None and emitted > self._plan.num_steps:
+            raise BatcherStateError(f"the data iterator's state has {emitted} steps emitted from "
+                                    f"a window of {self._plan.num_steps}")
+        self._emitted = emitted
 
 
 class BatcherDataset(grain.IterDataset):
@@ -450,6 +484,12 @@ class BatcherDataset(grain.IterDataset):
 
     def __iter__(self) -> _BatcherIterator:
         return _BatcherIterator(self._parent.__iter__(), self)
+
+    def settings(self) -> dict[str, Any]:
+        """What the windows' cut and plan depend on (saved with the iterator's state)."""
+        return dict(method=self.method, **dataclasses.asdict(self.geometry),
+                    base_budget=self.base_budget, window=self.window, seed=self.seed,
+                    fill=self.fill, cost_model=type(self.cost_model).__name__)
 
     def __str__(self) -> str:
         return f"BatcherDataset(method={self.method}, window={self.window}, {self.geometry})"

@@ -85,9 +85,17 @@ class DataSpec:
                  f"{self.tokenizer!r} not in {TOKENIZER_KINDS}")
 
 
+class DataSpecError(ValueError):
+    """A DataSpec field that cannot work: `field` names it, `message` says why."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(f"DataSpec.{field}: {message}")
+        self.field, self.message = field, message
+
+
 def _require(ok: Any, field: str, message: str) -> None:
     if not ok:
-        raise ValueError(f"DataSpec.{field}: {message}")
+        raise DataSpecError(field, message)
 
 
 class _GeneratedSource:

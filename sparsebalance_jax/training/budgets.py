@@ -137,4 +137,8 @@ class DstBalancer:
         return self._tuner.state_dict()
 
     def set_state(self, state: dict) -> None:
+        if not state:  # Saved by a run with balance.dst off, resumed with it on.
+            print("note: the checkpoint holds no DST tuner state (it was written with "
+                  "balance.dst off); the tuner starts afresh", flush=True)
+            return
         self._tuner.load_state_dict(state)

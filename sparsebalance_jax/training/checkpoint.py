@@ -56,12 +56,11 @@ def restore_latest(manager: ocp.CheckpointManager, abstract_state, data_iterator
     return step, restored["state"], restored["tuner"]
 
 
-def check_run_config(workdir: str, cfg: Config, *, resuming: bool, write: bool) -> list[str]:
+def check_run_config(workdir: str, cfg: Config, *, resuming: bool) -> list[str]:
     """Compares `cfg` with the config recorded in `workdir` when resuming from its checkpoints
     and raises ConfigError naming every changed field (config.config_changes), unless
-    cfg.train.resume_with_changes; then records `cfg` there (write: this process writes, one per
-    job), atomically. Returns the changes let through. A work directory from before run.json
-    existed is resumed with a note that its config could not be compared."""
+    cfg.train.resume_with_changes. Returns the changes let through. A work directory from before
+    run.json existed is resumed with a note that its config could not be compared."""
     path = os.path.join(workdir, RUN_CONFIG)
     changes: list[str] = []
     saved = _recorded_config(workdir) if resuming else None
@@ -76,10 +75,14 @@ def check_run_config(workdir: str, cfg: Config, *, resuming: bool, write: bool) 
                 f"another config ({path}); changed: " + "; ".join(changes) + ". Use another "
                 "train.workdir, or --config.train.resume_with_changes=True to continue with "
                 "the new values")
-    if write:
-        os.makedirs(workdir, exist_ok=True)
-        write_json(path, config_record(cfg), indent=1)
     return changes
+
+
+def record_run_config(workdir: str, cfg: Config) -> None:
+    """Records `cfg` as the config of `workdir`'s checkpoints (run.json), atomically; one
+    process per job writes it."""
+    os.makedirs(workdir, exist_ok=True)
+    write_json(os.path.join(workdir, RUN_CONFIG), config_record(cfg), indent=1)
 
 
 def check_model_matches_run(workdir: str, cfg: Config) -> None:

@@ -16,27 +16,36 @@ from sparsebalance_jax.training.loop import describe, train
 
 
 def request_host_devices(raw) -> None:
-    """On CPU, expose as many host devices as the config's mesh asks for (default 1).
+    """On CPU, expose as many host devices as the config's mesh asks for, an axis of -1 (the
+    devices left over) counting as 1 there.
 
     Must run before JAX starts its backends; it has no effect on GPU devices. In a
     multi-process job (JAX_NUM_PROCESSES) each process holds its share of the mesh.
     """
     mesh = raw["mesh"]
-    sizes = [mesh["data"], mesh["fsdp"], mesh["tensor"]]
+    total = 1
+    for axis in ("data", "fsdp", "tensor"):
+        total *= max(mesh[axis], 1)
     processes = int(os.environ.get("JAX_NUM_PROCESSES", "1"))
-    if all(s > 0 for s in sizes):
-        total = sizes[0] * sizes[1] * sizes[2]
-        if total % processes:
-            raise ValueError(f"mesh: {total} devices do not split over JAX_NUM_PROCESSES="
-                             f"{processes} processes")
-        jax.config.update("jax_num_cpu_devices", total // processes)
+    if total % processes:
+        raise ConfigError(f"mesh: {total} devices do not split over JAX_NUM_PROCESSES="
+                          f"{processes} processes")
+    jax.config.update("jax_num_cpu_devices", total // processes)
 
 
 def data_spec(cfg: Config):
-    from sparsebalance_jax.data.pipeline import DataSpec
+    """The pipeline's DataSpec of `cfg.data`; a field it refuses, or an input file that is
+    missing, is a ConfigError naming the `data.` field."""
+    from sparsebalance_jax.data.pipeline import DataSpec, DataSpecError
 
+    missing = [p for p in cfg.data.jsonl_paths if not os.path.isfile(p)]
+    if missing:
+        raise ConfigError(f"data.jsonl_paths: no such file: {', '.join(missing)}")
     names = {f.name for f in dataclasses.fields(DataSpec)}
-    return DataSpec(**{k: v for k, v in dataclasses.asdict(cfg.data).items() if k in names})
+    try:
+        return DataSpec(**{k: v for k, v in dataclasses.asdict(cfg.data).items() if k in names})
+    except DataSpecError as e:
+        raise ConfigError(f"data.{e.field}: {e.message}") from None
 
 
 def latency_model(cfg: Config):
@@ -44,9 +53,12 @@ def latency_model(cfg: Config):
     from sparsebalance_jax.balance import latency
 
     shape = latency.LayerShape.from_configs(cfg.model, cfg.attention)
-    return latency.make_latency_model(cfg.balance.latency_model, shape,
-                                      table_dir=cfg.balance.latency_table,
-                                      device_kind=jax.devices()[0].device_kind)
+    try:
+        return latency.make_latency_model(cfg.balance.latency_model, shape,
+                                          table_dir=cfg.balance.latency_table,
+                                          device_kind=jax.devices()[0].device_kind)
+    except FileNotFoundError as e:
+        raise ConfigError(f"balance.latency_table: {e}") from None
 
 
 def data_iterator(cfg: Config, cost_model, crop_counter=None):
@@ -54,13 +66,19 @@ def data_iterator(cfg: Config, cost_model, crop_counter=None):
     `crop_counter` (a data.documents.CropCounter) where one is given."""
     from sparsebalance_jax.data.pipeline import train_iterator
 
+    from sparsebalance_jax.data.pipeline import DataSpecError
+
     d = cfg.data
-    return train_iterator(
-        data_spec(cfg), d.seed, num_shards=cfg.num_data_shards, micro_batches=d.micro_batches,
-        rows_per_micro_batch=d.rows_per_micro_batch, row_len=d.seq_len,
-        block_size=cfg.attention.block_size, base_budget=cfg.attention.budget,
-        batcher=d.batcher, shard_index=jax.process_index(), shard_count=jax.process_count(),
-        window=d.window, cost_model=cost_model, crop_counter=crop_counter)
+    spec = data_spec(cfg)
+    try:
+        return train_iterator(
+            spec, d.seed, num_shards=cfg.num_data_shards, micro_batches=d.micro_batches,
+            rows_per_micro_batch=d.rows_per_micro_batch, row_len=d.seq_len,
+            block_size=cfg.attention.block_size, base_budget=cfg.attention.budget,
+            batcher=d.batcher, shard_index=jax.process_index(), shard_count=jax.process_count(),
+            window=d.window, cost_model=cost_model, crop_counter=crop_counter)
+    except DataSpecError as e:  # Checks that need the pipeline (a synthetic task's length).
+        raise ConfigError(f"data.{e.field}: {e.message}") from None
 
 
 def coverage_probe(cfg: Config, model):

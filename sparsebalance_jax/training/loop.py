@@ -10,7 +10,8 @@ import jax
 import numpy as np
 from tqdm import tqdm
 
-from sparsebalance_jax.config import Config, max_layer_budget
+from sparsebalance_jax.config import Config, ConfigError, max_layer_budget
+from sparsebalance_jax.data.batching import BatcherStateError
 from sparsebalance_jax.model import Transformer
 from sparsebalance_jax.sharding import make_mesh
 from sparsebalance_jax.training import checkpoint
@@ -85,13 +86,19 @@ def train(cfg: Config, data_iterator, balancer, *, show_progress: bool = True,
     start = 0
     # Before the restore: a checkpoint of another config may not even restore into this state.
     changes = checkpoint.check_run_config(cfg.train.workdir, cfg,
-                                          resuming=manager.latest_step() is not None,
-                                          write=jax.process_index() == 0)
-    restored = checkpoint.restore_latest(manager, state, data_iterator)
+                                          resuming=manager.latest_step() is not None)
+    try:
+        restored = checkpoint.restore_latest(manager, state, data_iterator)
+    except BatcherStateError as e:
+        raise ConfigError(f"train.resume_with_changes: {e}") from None
     if restored is not None:
         start, state, tuner_state = restored
         balancer.set_state(tuner_state)
         print(f"resumed from step {start}" + "".join(f"\n  changed {c}" for c in changes))
+    # Only once restored: a run.json naming a config that could not resume would refuse the
+    # config that wrote the checkpoints.
+    if jax.process_index() == 0:
+        checkpoint.record_run_config(cfg.train.workdir, cfg)
         if start >= cfg.train.num_steps:
             print(f"nothing to train: the newest checkpoint is at step {start}, "
                   f"train.num_steps is {cfg.train.num_steps}", flush=True)
@@ -112,6 +119,7 @@ def train(cfg: Config, data_iterator, balancer, *, show_progress: bool = True,
                 raise ValueError(f"step {step + 1}: budgets {np.unique(decision.budgets)} "
                                  f"(largest per-layer budget {largest}) outside "
                                  f"[1, bucket {decision.bucket}]")
+            data_tokens = int(np.count_nonzero(step_batch["segment_ids"]))
             step_batch = dict(step_batch, budgets=decision.budgets)
             batch = global_batch(steps.batch_shardings, steps.layout(step_batch))
             t0 = time.perf_counter()
@@ -119,13 +127,18 @@ def train(cfg: Config, data_iterator, balancer, *, show_progress: bool = True,
             loss = float(metrics["loss"])  # Blocks: the step's time is measured to here.
             seconds = time.perf_counter() - t0
             if not math.isfinite(loss):
+                # The loss is of the parameters the step began with: those of the newest
+                # checkpoint, when it is the step before. They are finite, not known good.
                 raise TrainingDivergedError(
-                    f"loss is {loss} at step {step + 1}; stopping. The last good checkpoint "
-                    f"(step {manager.latest_step()}) is kept in {cfg.train.workdir}")
+                    f"loss is {loss} at step {step + 1}; stopping. Checkpoints up to step "
+                    f"{manager.latest_step()} are kept in {cfg.train.workdir}; this loss is "
+                    f"that of the parameters step {step + 1} began with, so resume from an "
+                    "earlier checkpoint (or with a lower learning rate)")
             balancer.observe(decision, shard_seconds)
             last = dict(loss=loss, grad_norm=float(metrics["grad_norm"]),
                         learning_rate=float(schedule(step)), step_time_s=seconds,
-                        tokens_per_s=row_tokens / seconds, trained_tokens=float(metrics["tokens"]),
+                        tokens_per_s=data_tokens / seconds, row_tokens_per_s=row_tokens / seconds,
+                        trained_tokens=float(metrics["tokens"]),
                         compiles=steps.compiles, **decision.scalars(),
                         **shard_time_scalars(shard_seconds), **crop_scalars(crop_counter))
             logger.write(step + 1, last, tensorboard=(step + 1) % cfg.train.log_every == 0)

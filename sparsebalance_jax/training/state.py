@@ -17,11 +17,14 @@ from sparsebalance_jax.training.step import mesh_context
 
 def learning_rate_schedule(opt: OptimizerConfig, num_steps: int) -> optax.Schedule:
     """Linear warm-up to the peak, then cosine decay to `min_lr_ratio` x peak (a run shorter
-    than its warm-up ends on the rising ramp)."""
-    return optax.warmup_cosine_decay_schedule(
+    than its warm-up ends on the rising ramp). Update n (counting from 0) takes the rate at
+    n + 1, so that the first update moves the weights (peak / warmup_steps, not 0) and the
+    peak is reached at update warmup_steps."""
+    schedule = optax.warmup_cosine_decay_schedule(
         init_value=0.0, peak_value=opt.learning_rate, warmup_steps=opt.warmup_steps,
         decay_steps=max(num_steps, opt.warmup_steps + 1),
         end_value=opt.learning_rate * opt.min_lr_ratio)
+    return lambda count: schedule(count + 1)
 
 
 def make_optimizer(opt: OptimizerConfig, num_steps: int) -> optax.GradientTransformation:
