@@ -150,10 +150,10 @@ class Config:
         return min(b for b in self.attention.budget_buckets if b >= need)
 
 
-# Fields a resumed run may change without train.resume_with_changes: they touch only how often
-# the run logs and saves, where its directory is (another spelling of it, a moved run), what the backward pass recomputes (remat trades memory for time; the
-# gradients are the same) and whether the layers run scanned or unrolled (the same parameters),
-# not what it computes.
+# Fields a resumed run may change without train.resume_with_changes: they touch only how often the
+# run logs and saves, where its directory is (another spelling of it, a moved run), what the
+# backward pass recomputes (remat trades memory for time; the gradients are the same) and whether
+# the layers run scanned or unrolled (the same parameters), not what it computes.
 RESUMABLE_CHANGES = ("train.log_every", "train.checkpoint_every", "train.checkpoint_keep",
                      "train.resume_with_changes", "train.workdir", "model.remat",
                      "model.remat_keep", "model.scan_layers")

@@ -1,5 +1,6 @@
-"""Eval harness: answer alignment with an oracle model, padding invariance with a real
-tiny model, checkpoint restore, summary rows and JSON."""
+"""Eval harness: answer alignment with an oracle model, per-row greedy budgets, padding
+invariance with a real tiny model, checks that fail before any model work, checkpoint
+restore, summary rows and JSON."""
 
 import dataclasses
 import json
@@ -14,7 +15,7 @@ import pytest
 
 from configs.longbench import get_config
 from sparsebalance_jax.config import ConfigError, from_config_dict
-from sparsebalance_jax.data import sources
+from sparsebalance_jax.data import sources, synthetic
 from sparsebalance_jax.data.tokenizer import ByteTokenizer
 from sparsebalance_jax.eval import harness, longbench, suite
 from sparsebalance_jax.model import Transformer
@@ -108,6 +109,34 @@ def test_longbench_greedy_with_oracle():
     assert [r.bucket for r in results] == ["0-4k", "0-4k", "4-8k", "8k+"]
 
 
+def _zeros_apply_fn(params, inputs_BT, segment_ids_BT, positions_BT, budget_B):
+    """A model whose argmax is always byte 0: greedy decoding never meets EOS."""
+    return jnp.zeros((*inputs_BT.shape, VOCAB), jnp.float32)
+
+
+def test_greedy_rows_stop_at_their_own_budget():
+    # A prompt that fills the context but for its own short answer's budget, batched with a
+    # short prompt whose answer is long: each row gets its own budget, none the batch's largest.
+    rng = np.random.default_rng()
+
+    def item(prompt_chars, answer_chars):
+        prompt, answer = ("".join(rng.choice(list("abcdefgh"), n)) for n in (prompt_chars,
+                                                                             answer_chars))
+        return suite.SuiteItem("needle", prompt_chars, 0,
+                               synthetic.SyntheticExample(prompt, answer, "needle"))
+
+    full = 1024 - 3 - 5 - harness.SUITE_SLACK  # BOS, USER, ASSISTANT; answer; slack
+    items = [item(full, 5), item(100, 40)]
+    scorer = harness.Scorer(_zeros_apply_fn, {}, TOK, _settings("greedy", max_seq_len=1024))
+    results = harness.evaluate_suite(scorer, items)
+    # No EOS is ever predicted, so a prediction's length is its row's budget.
+    assert [len(r.prediction) for r in results] == [5 + harness.SUITE_SLACK,
+                                                    40 + harness.SUITE_SLACK]
+    too_long = [item(full + 1, 5)]
+    with pytest.raises(ValueError, match="prompt 0: 1012 tokens .* exceeds max_seq_len=1024"):
+        harness.evaluate_suite(scorer, too_long)
+
+
 def test_too_long_is_an_error(items):
     right = _oracle([(it.example.prompt, it.example.answer) for it in items])
     scorer = harness.Scorer(right, {}, TOK, _settings("teacher_forced", max_seq_len=512))
@@ -132,7 +161,7 @@ def test_padding_and_batching_do_not_change_scores():
              jnp.arange(64)[None], jnp.ones((1,), jnp.int32))
     # A jitted init compiles once instead of dispatching every op of the scan eagerly.
     init = jax.jit(lambda key: nn.meta.unbox(model.init(key, *dummy)["params"]))
-    params = init(jax.random.key(np.random.randint(1 << 30)))
+    params = init(jax.random.key(np.random.default_rng().integers(1 << 30)))
 
     def apply_fn(p, *inputs):
         return model.apply({"params": p}, *inputs)
@@ -170,7 +199,7 @@ def test_restore_params_roundtrip(tmp_path):
         harness.restore_params(cfg, str(tmp_path / "empty"))
     assert not (tmp_path / "empty").exists()  # a mistyped path is not created
     # With the run's config recorded, another model is named before anything is restored.
-    checkpoint.check_run_config(str(tmp_path), cfg, resuming=False, write=True)
+    checkpoint.record_run_config(str(tmp_path), cfg)
     assert harness.restore_params(cfg, str(tmp_path))[0] == 5
     other = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, rope_theta=123.0))
     with pytest.raises(ConfigError, match=r"model: .*model\.rope_theta: .* -> 123\.0"):
@@ -213,6 +242,24 @@ def test_missing_longbench_file_fails_before_scoring(tmp_path):
         raise AssertionError("the model must not run before the data is checked")
 
     with pytest.raises(FileNotFoundError, match=r"qasper\.jsonl"):
+        harness.run(never_called, {}, TOK, request, sources.load_corpus(split="heldout"))
+
+
+def test_teacher_forced_longbench_answer_too_long_fails_before_scoring(tmp_path):
+    row = {"input": "", "context": "A report. " * 100,
+           "answers": ["The report says " + "many things. " * 60], "length": 3000,
+           "dataset": "gov_report", "language": "en", "all_classes": None, "_id": "g0"}
+    (tmp_path / "gov_report.jsonl").write_text(json.dumps(row) + "\n")
+    request = harness.EvalRequest(
+        settings=_settings("teacher_forced"), suite_lengths=(700,), suite_per_cell=1,
+        suite_seed=0, suite_tasks=("needle",), longbench_dir=str(tmp_path),
+        longbench_tasks=("gov_report",), longbench_e=False)
+
+    def never_called(*_):
+        raise AssertionError("the model must not run before the answers are checked")
+
+    with pytest.raises(ValueError, match=r"'gov_report'.*\['g0'\].*512 answer tokens.*"
+                                         r"--mode=greedy"):
         harness.run(never_called, {}, TOK, request, sources.load_corpus(split="heldout"))
 
 
@@ -268,9 +315,18 @@ def test_heldout_split_is_disjoint_from_training():
         sources.load_corpus(split="test")
 
 
-def test_default_suite_lengths():
-    assert harness.default_suite_lengths(1024) == (800, 992)
-    assert harness.default_suite_lengths(32768) == (8192, 16384, 32736)
+def test_default_suite_lengths_fit_every_row():
+    assert harness.default_suite_lengths(1024) == (800, 984)
+    assert harness.default_suite_lengths(32768) == (8192, 16384, 32480)
+    heldout = sources.load_corpus(split="heldout")
+    seed = int(np.random.default_rng().integers(2**31))
+    for max_seq_len in (1024, 8192, 32768):
+        items = suite.build_suite(heldout.articles, seed=seed, per_cell=4,
+                                  lengths=harness.default_suite_lengths(max_seq_len))
+        # Greedy rows are the longest: BOS USER prompt ASSISTANT, then answer + slack.
+        longest = max(len(TOK.encode(it.example.prompt)) + 3 + len(TOK.encode(it.example.answer))
+                      + harness.SUITE_SLACK for it in items)
+        assert longest <= max_seq_len
 
 
 def test_eval_command_writes_text_and_suite_rows(tmp_path):

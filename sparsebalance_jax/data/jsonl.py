@@ -44,6 +44,13 @@ def _text(value: Any, field: str) -> str:
         return ""
     if not isinstance(value, str):
         raise RecordError(f"field {field!r} must be a string, got {type(value).__name__}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        # JSON may escape a lone surrogate ("\ud83d", half an emoji): it parses, but UTF-8
+        # cannot encode it for the tokenizer.
+        raise RecordError(f"field {field!r} is not valid Unicode text: {e.reason} at "
+                          f"character {e.start}") from e
     return value
 
 

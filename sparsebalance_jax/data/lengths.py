@@ -16,7 +16,7 @@ same shape at 1/32 of the length:
 - ``fixed``: every document `max_len` long (`scale` unused).
 
 After scaling, lengths are rounded and clipped to [min_len, max_len]. The quantile claims are
-checked by tests/test_data_lengths.py.
+checked by tests/test_data_sources.py (test_length_distributions_have_documented_shape).
 """
 
 from __future__ import annotations

@@ -8,7 +8,8 @@ answer and EOS. Two modes:
   correct when the greedy argmax at every answer position equals the answer token,
   EOS included (exact match of the whole answer span, so also "stops after it"); the
   mean answer-token NLL (nats/token, over the same span) is reported beside it.
-- greedy: decode up to the task's token budget, stopping at EOS. There is no KV cache:
+- greedy: decode each example up to its own token budget (a synthetic item: its answer's
+  length + 8; a LongBench example: its task's), stopping at EOS. There is no KV cache:
   each new token re-runs the full forward pass over a fixed padded buffer, so a
   decode costs O(new tokens x sequence) work; that is why teacher forcing is the
   default. Synthetic items are then scored by normalised exact match of the first
@@ -42,6 +43,7 @@ from sparsebalance_jax.eval import longbench, metrics, suite
 from sparsebalance_jax.jsonfile import write_json as write_json_file
 
 MODES = ("teacher_forced", "greedy")
+SUITE_SLACK = 8  # greedy new tokens past a synthetic item's answer
 TF_METRIC = "exact match of greedy argmax over answer+EOS under teacher forcing (x100)"
 
 # apply_fn(params, inputs_BT, segment_ids_BT, positions_BT, budget_B) -> logits_BTV float32.
@@ -160,24 +162,32 @@ class Scorer:
         return [(wrong == 0, nll / count)
                 for wrong, nll, count in self.span_stats(seqs, spans)]
 
-    def greedy(self, prompts: Sequence[np.ndarray], max_new_tokens: int) -> list[np.ndarray]:
-        """Generated ids per prompt (EOS and everything after it dropped)."""
+    def greedy(self, prompts: Sequence[np.ndarray], max_new_tokens: Sequence[int]
+               ) -> list[np.ndarray]:
+        """Generated ids per prompt, at most max_new_tokens[i] for prompt i (EOS and everything
+        after it dropped). Each row stops at its own budget, so a short answer's prompt need
+        not leave room for the longest answer of its batch."""
+        if len(max_new_tokens) != len(prompts):
+            raise ValueError(f"{len(max_new_tokens)} token budgets for {len(prompts)} prompts")
         eos = self.tokenizer.special.eos
+        ctxs = [self._prompt_ids(p) for p in prompts]
+        for i, (ctx, n) in enumerate(zip(ctxs, max_new_tokens)):
+            if len(ctx) + n > self.settings.max_seq_len:
+                raise ValueError(f"prompt {i}: {len(ctx)} tokens + {n} new tokens = "
+                                 f"{len(ctx) + n} exceeds max_seq_len={self.settings.max_seq_len}")
         out: list[np.ndarray] = []
-        for start in range(0, len(prompts), self.settings.batch_size):
-            ctxs = [self._prompt_ids(p) for p in prompts[start : start + self.settings.batch_size]]
-            longest = max(len(c) for c in ctxs) + max_new_tokens
-            if longest > self.settings.max_seq_len:
-                raise ValueError(f"prompt + {max_new_tokens} new tokens = {longest} exceeds "
-                                 f"max_seq_len={self.settings.max_seq_len}")
-            tokens_BT, seg_BT, pos_BT, budget_B = self._layout(ctxs, self._padded(longest))
-            lengths_B = np.array([len(c) for c in ctxs] + [1] * (len(budget_B) - len(ctxs)))
-            done_B = np.arange(len(budget_B)) >= len(ctxs)  # filler rows of a short batch
-            generated: list[list[int]] = [[] for _ in ctxs]
-            for _ in range(max_new_tokens):
+        for start in range(0, len(ctxs), self.settings.batch_size):
+            chunk = ctxs[start : start + self.settings.batch_size]
+            budgets = max_new_tokens[start : start + self.settings.batch_size]
+            longest = max(len(c) + n for c, n in zip(chunk, budgets))
+            tokens_BT, seg_BT, pos_BT, budget_B = self._layout(chunk, self._padded(longest))
+            lengths_B = np.array([len(c) for c in chunk] + [1] * (len(budget_B) - len(chunk)))
+            done_B = np.arange(len(budget_B)) >= len(chunk)  # filler rows of a short batch
+            generated: list[list[int]] = [[] for _ in chunk]
+            for _ in range(max(budgets)):
                 next_B = np.asarray(self._next_tokens(
                     self.params, tokens_BT, seg_BT, pos_BT, budget_B, lengths_B - 1))
-                for b in range(len(ctxs)):
+                for b in range(len(chunk)):
                     if done_B[b]:
                         continue
                     if next_B[b] == eos:
@@ -187,6 +197,7 @@ class Scorer:
                     tokens_BT[b, lengths_B[b]] = next_B[b]
                     seg_BT[b, lengths_B[b]] = 1
                     lengths_B[b] += 1
+                    done_B[b] = len(generated[b]) == budgets[b]
                 if done_B.all():
                     break
             out += [np.asarray(g, np.int32) for g in generated]
@@ -200,9 +211,9 @@ def evaluate_suite(scorer: Scorer, items: Sequence[suite.SuiteItem]) -> list[Exa
         stats = scorer.teacher_forced(prompts, [tok.encode(it.example.answer) for it in items])
         return [ExampleResult("synthetic", it.task, str(it.target_chars), float(ok), nll, None)
                 for it, (ok, nll) in zip(items, stats)]
-    # The answer plus slack for a stray prefix; only the first line is scored.
-    budget = max(len(tok.encode(it.example.answer)) for it in items) + 8
-    texts = [tok.decode(ids) for ids in scorer.greedy(prompts, budget)]
+    # Each item's answer plus slack for a stray prefix; only the first line is scored.
+    budgets = [len(tok.encode(it.example.answer)) + SUITE_SLACK for it in items]
+    texts = [tok.decode(ids) for ids in scorer.greedy(prompts, budgets)]
     correct = suite.score_predictions(items, texts)
     return [ExampleResult("synthetic", it.task, str(it.target_chars), float(ok), None, text)
             for it, ok, text in zip(items, correct, texts)]
@@ -235,30 +246,50 @@ def heldout_text(corpus, tokenizer: Tokenizer, *, lengths: Sequence[int], per_ce
     return out
 
 
+def _prompt_room(settings: EvalSettings, task: str) -> int:
+    """Tokens a `task` prompt may keep: max_seq_len less the task's answer budget and the
+    three specials (BOS, USER, ASSISTANT)."""
+    spec = longbench.TASKS[task]
+    room = settings.max_seq_len - spec.max_new_tokens - 3
+    if room <= 0:
+        raise ValueError(f"max_seq_len={settings.max_seq_len} leaves no room for a "
+                         f"{task!r} prompt after {spec.max_new_tokens} answer tokens")
+    return room
+
+
+def _gold_answer_ids(tokenizer: Tokenizer, task: str,
+                     examples: Sequence[longbench.LongBenchExample]) -> list[np.ndarray]:
+    """The first gold answer of each example as ids, as teacher forcing scores it; raises if
+    one is longer than the task's answer budget."""
+    spec = longbench.TASKS[task]
+    answers = [tokenizer.encode(e.answers[0]) for e in examples]
+    too_long = [e.id for e, a in zip(examples, answers) if len(a) > spec.max_new_tokens]
+    if too_long:  # Cutting them would make exact match demand a stop mid-answer.
+        raise ValueError(f"LongBench task {task!r}: the gold answers of {len(too_long)} of "
+                         f"{len(examples)} examples (ids {too_long[:5]}) exceed the task's "
+                         f"{spec.max_new_tokens} answer tokens, so teacher forcing cannot score "
+                         f"them; score {task} with --mode=greedy (its LongBench metric) or leave "
+                         f"it out of --longbench_tasks")
+    return answers
+
+
 def evaluate_longbench(scorer: Scorer, task: str, examples: Sequence[longbench.LongBenchExample]
                        ) -> list[ExampleResult]:
-    """Per-example results of one LongBench task; prompts longer than max_seq_len minus
-    the answer room are cut in the middle (LongBench's own convention)."""
-    spec = longbench.TASKS[task]
+    """Per-example results of one LongBench task. A prompt longer than max_seq_len less the
+    answer room is cut in the middle as LongBench's pred.py cuts it: the whole formatted
+    prompt, question included (`longbench.truncate_middle`)."""
     tok = scorer.tokenizer
-    room = scorer.settings.max_seq_len - spec.max_new_tokens - 3  # BOS, USER, ASSISTANT
-    if room <= 0:
-        raise ValueError(f"max_seq_len={scorer.settings.max_seq_len} leaves no room for a "
-                         f"{task!r} prompt after {spec.max_new_tokens} answer tokens")
+    room = _prompt_room(scorer.settings, task)
     prompts = [np.asarray(longbench.truncate_middle(tok.encode(longbench.build_prompt(e)), room),
                           np.int32) for e in examples]
     buckets = [longbench.length_bucket(e.length) for e in examples]
     if scorer.settings.mode == "teacher_forced":
-        answers = [tok.encode(e.answers[0]) for e in examples]
-        too_long = [e.id for e, a in zip(examples, answers) if len(a) > spec.max_new_tokens]
-        if too_long:  # Cutting them would make exact match demand a stop mid-answer.
-            raise ValueError(f"{task}: gold answers of {too_long} exceed the task's "
-                             f"{spec.max_new_tokens} answer tokens; score them with "
-                             f"--mode=greedy (the task metric) instead")
-        stats = scorer.teacher_forced(prompts, answers)
+        stats = scorer.teacher_forced(prompts, _gold_answer_ids(tok, task, examples))
         return [ExampleResult("longbench", task, bk, float(ok), nll, None)
                 for bk, (ok, nll) in zip(buckets, stats)]
-    texts = [tok.decode(ids) for ids in scorer.greedy(prompts, spec.max_new_tokens)]
+    spec = longbench.TASKS[task]
+    texts = [tok.decode(ids)
+             for ids in scorer.greedy(prompts, [spec.max_new_tokens] * len(prompts))]
     return [
         ExampleResult("longbench", task, bk,
                       metrics.score_example(spec.metric, text, e.answers, task=task,
@@ -374,8 +405,13 @@ class EvalRequest:
 
 def default_suite_lengths(max_seq_len: int) -> tuple[int, ...]:
     """A quarter, a half and (almost) all of the context, at least 800 characters (the
-    longest task's facts need ~700); room is left for the specials and decoded answer."""
-    top = max_seq_len - 32
+    longest task's facts need ~700).
+
+    Lengths count the characters of prompt + answer; the model runs on byte tokens. The top
+    length leaves 32 tokens for the three specials and the greedy slack past the answer, and
+    1/128 of the context for the extra bytes of multi-byte characters (held-out Wikipedia
+    text has ~0.2% more bytes than characters)."""
+    top = max_seq_len - 32 - max_seq_len // 128
     return tuple(sorted({min(top, max(800, max_seq_len // 4)),
                          min(top, max(800, max_seq_len // 2)), top}))
 
@@ -386,9 +422,14 @@ def run(apply_fn: ApplyFn, params: Any, tokenizer: Tokenizer, request: EvalReque
 
     `heldout` is the held-out text corpus (`sources.load_corpus(split="heldout")`): the
     synthetic suite's haystack and the text suite's documents."""
-    # LongBench files are loaded first: a missing file fails before any model time is spent.
+    # LongBench files are loaded and checked first: a missing file, or a task this mode cannot
+    # score, fails before any model time is spent.
     lb = {t: longbench.load_task(request.longbench_dir, t, longbench_e=request.longbench_e)
           for t in request.longbench_tasks} if request.longbench_dir else {}
+    for task, examples in lb.items():
+        _prompt_room(request.settings, task)
+        if request.settings.mode == "teacher_forced":
+            _gold_answer_ids(tokenizer, task, examples)
     scorer = Scorer(apply_fn, params, tokenizer, request.settings)
     results: list[ExampleResult] = []
     if request.suite_lengths:

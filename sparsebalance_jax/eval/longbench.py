@@ -226,8 +226,12 @@ def build_prompt(example: LongBenchExample) -> str:
 
 
 def truncate_middle(ids: Sequence[int], max_len: int) -> list[int]:
-    """Keep the first and last max_len/2 tokens: the instruction and the question sit at
-    the two ends of a LongBench prompt, so cutting the middle keeps the task readable."""
+    """Keep the first and last max_len/2 tokens of a whole formatted prompt.
+
+    This is LongBench's own convention (its pred.py), kept so that scores compare with
+    LongBench's: the instruction and the question sit at the two ends of the prompt, so the
+    cut usually falls in the context, but a question longer than max_len/2 loses its start.
+    """
     if max_len <= 0:
         raise ValueError(f"max_len must be positive, got {max_len}")
     ids = list(ids)

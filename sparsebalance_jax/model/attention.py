@@ -40,7 +40,9 @@ def dense_reference(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT):
 
 def _cudnn(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT):
     # jax.nn.dot_product_attention takes no segment ids: documents are kept apart by an explicit
-    # [B, 1, T, T] mask, which costs O(T^2) memory. Padding rows attend to themselves only.
+    # [B, 1, T, T] mask, which costs O(T^2) memory. To it padding (segment 0) is one more
+    # segment: a padding row attends to every earlier padding position, and its output never
+    # reaches a real token or the loss.
     same_doc_BQS = segment_ids_BT[:, :, None] == segment_ids_BT[:, None, :]
     return jax.nn.dot_product_attention(q_BTHD, k_BTKD, v_BTKD, mask=same_doc_BQS[:, None],
                                         is_causal=True, implementation="cudnn")
