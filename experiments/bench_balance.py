@@ -27,6 +27,10 @@ On two H200s, real collectives (same settings, one shard per GPU):
     python -m experiments.bench_balance --latency_table=$OUT/tables --repeats=2 --shards=2 \
         --data_parallel=mesh
 
+Results written before a DST row's step counted its decision's coverage probe, counted as now
+(no device: `simulate.recount_decision`; prints the DST rows' step, speedup and tuner overhead):
+    python -m experiments.bench_balance --recount=benchmarks/h200/bench_balance.json
+
 Tiny CPU run (Pallas interpret mode, the `cpu` preset's model):
     python -m experiments.bench_balance --interpret --shards=2 --steps=2 --seq_len=256 \
         --block_size=32 --budget=4 --buckets=4,6 --layers=1 --repeats=1 --min_doc_len=16 \
@@ -76,6 +80,9 @@ _RAISE_IN_BUCKET = flags.DEFINE_bool(
 _MIN_DOC = flags.DEFINE_integer("min_doc_len", 128, "Shortest document in tokens.")
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of documents, batchers and parameters.")
 _OUT = flags.DEFINE_string("out", None, "Output folder (default: $OUT, else runs/bench_balance).")
+_RECOUNT = flags.DEFINE_string(
+    "recount", None, "A bench_balance.json whose DST steps left out the decision's coverage "
+    "probe: print its DST rows counted with it, and run nothing.")
 
 _LONGEST_UNSCALED = 72 * 1024  # Longest document of both length distributions at real scale.
 
@@ -105,8 +112,19 @@ def _config():
     return config_lib.from_config_dict(raw)
 
 
+def _recount(path: str) -> None:
+    from sparsebalance_jax.balance import report, simulate
+
+    with open(path) as f:
+        results = simulate.recount_decision(json.load(f))["workloads"]
+    print(report.decision_table(results, [m.name for m in simulate.METHODS if m.dst]))
+
+
 def main(argv):
     del argv
+    if _RECOUNT.value:
+        _recount(_RECOUNT.value)
+        return
     import jax
 
     from sparsebalance_jax.balance import latency, mesh_runner, report, simulate

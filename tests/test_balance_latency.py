@@ -2,12 +2,15 @@
 
 import dataclasses
 import json
+import os
 
 import numpy as np
 import pytest
 
 from sparsebalance_jax.balance import latency
 
+TABLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                      "latency_tables")
 SHAPE = latency.LayerShape(d_model=64, num_heads=4, num_kv_heads=2, head_dim=16, mlp_dim=128,
                            block_size=16)
 
@@ -68,11 +71,66 @@ def test_profiled_model_interpolates_bilinearly():
     assert model.predict([96], 2.5) == pytest.approx(s[:2, :2].mean(), rel=1e-12)
     # Below the first length: linear to zero at length 0.
     assert model.predict([32], 1) == pytest.approx(s[0, 0] / 2, rel=1e-12)
-    # Past the last length: the last segment extends.
+    # Past the last length the last segment extends, where that is linear: the longest length,
+    # 512 tokens = 32 blocks, exceeds budget 8's 8 blocks.
     slope = (s[2, 2] - s[1, 2]) / (512 - 128)
     assert model.predict([1024], 8) == pytest.approx(s[2, 2] + 512 * slope, rel=1e-12)
     with pytest.raises(ValueError, match="profiled range"):
         model.predict([100], 9)
+
+
+def test_extrapolating_past_a_table_too_short_for_the_budget_names_file_and_command(tmp_path):
+    # Longest length 64 tokens = 4 blocks of 16: at budget 4 the last segment already has every
+    # query block past the first four attend to 4 blocks; at budget 8 it does not.
+    table = latency.LatencyTable(device_kind="cpu", shape=SHAPE, lengths=(32, 64),
+                                 budgets=(4, 8), seconds_LK=((1.0, 1.0), (2.0, 2.5)),
+                                 pad_seconds_per_token=1e-3)
+    latency.save_table(str(tmp_path), table)
+    model = latency.ProfiledLatencyModel.load(str(tmp_path), "cpu", SHAPE)
+    assert model.predict([96], 4) == pytest.approx(3.0, rel=1e-12)
+    assert model.predict([64], 8) == 2.5  # at the last length: no extrapolation
+    path = latency.table_path(str(tmp_path), "cpu", SHAPE)
+    with pytest.raises(ValueError, match=r"8 x 16 = 128 tokens") as error:
+        model.predict([96], 8)
+    assert path in str(error.value)
+    assert "experiments.profile_latency --config=configs/longbench.py --lengths=32,64,128" in \
+        str(error.value)
+    with pytest.raises(ValueError, match="128 tokens"):  # the tuner's path, one budget per row
+        model.predict_per_budget(np.array([[96, 0]]), np.array([4, 8]))
+
+
+def test_table_time_never_falls_as_the_budget_rises():
+    # A dip is timing noise (more budget is never less work): a falling run takes its mean.
+    table = latency.LatencyTable(
+        device_kind="cpu", shape=SHAPE, lengths=(16, 32, 64), budgets=(1, 2, 4),
+        seconds_LK=((1.0, 0.5, 1.25), (2.0, 3.0, 2.2), (4.0, 3.0, 2.0)),
+        pad_seconds_per_token=1e-3)
+    assert table.seconds_LK == ((0.75, 0.75, 1.25), (2.0, 2.6, 2.6), (3.0, 3.0, 3.0))
+    # Equal neighbours interpolate to exactly their value: the tuner compares such predictions.
+    model = latency.ProfiledLatencyModel(table)
+    np.testing.assert_array_equal(
+        model.doc_seconds(np.array([32]), np.linspace(2, 4, 21)), [2.6] * 21)
+    at_K = model.predict_per_budget(np.array([[48, 40]]), np.linspace(1, 4, 31))[:, 0]
+    assert np.all(np.diff(at_K) >= 0)
+
+
+def test_checked_in_h200_tables_never_predict_less_time_at_a_larger_budget():
+    # 32 documents of 2 blocks: every budget >= 2 runs the same work. The blk256 table timed
+    # that work once per budget and read it 0.65-1.09 ms; read non-decreasing in the budget,
+    # the shard's prediction no longer falls and rises again as k moves (it read 20.7-30.1 ms
+    # over these budgets, lowest at 16).
+    from sparsebalance_jax.balance import tuner
+
+    shape = latency.LayerShape(896, 14, 2, 64, 4864, 256, kernels="moba_triton")
+    model = latency.ProfiledLatencyModel.load(TABLES, "NVIDIA H200", shape)
+    lengths_SMD = np.full((1, 1, 32), 512)
+    seconds_SK = tuner.shard_latency_table(lengths_SMD, model, 24, padded_tokens=16384,
+                                           budget_range=(11, 21))
+    assert np.all(np.diff(seconds_SK[0, 11:22]) >= 0)
+    for block in (256, 512):
+        shape = dataclasses.replace(shape, block_size=block)
+        seconds_LK = np.array(latency.load_table(TABLES, "NVIDIA H200", shape).seconds_LK)
+        assert np.all(np.diff(seconds_LK, axis=1) >= 0)
 
 
 @pytest.mark.parametrize("kind", ["analytic", "profiled", "profiled_one_budget"])
@@ -187,3 +245,26 @@ def test_profile_layer_makes_a_loadable_table(tmp_path):
     assert model.predict([32], 2) == pytest.approx(table.seconds_LK[1][1], rel=1e-12)
     with pytest.raises(ValueError, match="multiples of attention.block_size"):
         profiling.profile_layer(model_cfg, attention_cfg, (20,), (1,), log=lambda _: None)
+
+
+def test_profile_times_each_distinct_program_once_compiled(monkeypatch):
+    from jax.stages import Compiled
+
+    from sparsebalance_jax.balance import profiling
+
+    timed = []
+
+    def fake_time_call(fn, *args, repeats):
+        # Each timing returns a new value, as real timings (noise) would.
+        assert isinstance(fn, Compiled)  # compiled before timing: warm-up runs compiled code
+        timed.append(int(args[-1][0]))
+        return 1.0 + len(timed)
+
+    monkeypatch.setattr(profiling, "time_call", fake_time_call)
+    model_cfg, attention_cfg = _layer_configs("reference", "triton")
+    # Lengths of 1, 2 and 4 blocks of 16; budgets past a length's blocks run its block count.
+    table = profiling.profile_layer(model_cfg, attention_cfg, (16, 32, 64), (1, 2, 3, 4),
+                                    repeats=1, log=lambda _: None)
+    assert timed == [1, 1, 2, 1, 2, 3, 4, 1]  # the last: the padding row
+    s = table.seconds_LK
+    assert s[0] == (2.0,) * 4 and s[1] == (3.0, 4.0, 4.0, 4.0) and s[2] == (5.0, 6.0, 7.0, 8.0)

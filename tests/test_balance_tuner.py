@@ -3,8 +3,8 @@ and the whole per-step decision (pricing + rule) against a per-unit, per-budget 
 
 import dataclasses
 import json
-import math
 import os
+import time
 
 import numpy as np
 import pytest
@@ -40,7 +40,7 @@ def test_mean_anchor_moves_stragglers_down_and_light_units_up_without_passing_it
     budgets = tuner.decide(table[:, BASE], BASE, None, fn, _config())
     anchor = table[:, BASE].mean()
     assert budgets[2] < BASE and budgets[3] > BASE and budgets[0] == budgets[1] == BASE
-    lo = BASE - math.ceil(0.3 * BASE)
+    lo = 14  # rule 1: 20 - ceil(0.3 * 20)
     for s, k in enumerate(budgets):
         if k > BASE:  # a light unit never passes the anchor and stops at the last budget under it
             assert table[s, k] <= anchor + 1e-12
@@ -135,8 +135,19 @@ def test_min_anchor_only_lowers_and_max_anchor_only_raises(anchor):
     assert np.any(budgets != BASE)
 
 
-@pytest.mark.parametrize("p", [0.1, 0.2, 0.3])
-def test_change_bounded_by_p(p):
+def test_budget_bounds_are_p_times_base_rounded_up_to_whole_blocks():
+    # The documented values (module docstring, rule 1), case by case.
+    assert tuner.budget_bounds(20, 0.1, 32) == (18, 22)
+    assert tuner.budget_bounds(20, 0.2, 32) == (16, 24)
+    assert tuner.budget_bounds(20, 0.3, 32) == (14, 26)  # 0.3 * 20 is 6.000000000000001: 6
+    assert tuner.budget_bounds(16, 0.3, 24) == (11, 21)  # 4.8 rounds up to 5
+    assert tuner.budget_bounds(3, 0.3, 8) == (2, 4)  # 0.9: a small base still moves one block
+    assert tuner.budget_bounds(1, 0.1, 8) == (1, 2)  # never below budget 1
+    assert tuner.budget_bounds(30, 0.3, 32) == (21, 32)  # never above the largest bucket
+
+
+@pytest.mark.parametrize("p, step", [(0.1, 2), (0.2, 4), (0.3, 6)])
+def test_change_bounded_by_p(p, step):
     rng = np.random.default_rng()
     for _ in range(20):
         # One unit far above the rest and one far below: whatever the others draw (<= 1.0),
@@ -145,9 +156,31 @@ def test_change_bounded_by_p(p):
         load = rng.permutation(np.concatenate([[10.0, 0.1], rng.uniform(0.1, 1.0, size=6)]))
         table, fn = _table(load)
         budgets = tuner.decide(table[:, BASE], BASE, None, fn, _config(p=p))
-        step = math.ceil(p * BASE - 1e-9)
         assert np.all(np.abs(budgets - BASE) <= step)
         assert budgets.min() == BASE - step and budgets.max() == BASE + step
+
+
+def test_light_unit_keeps_the_smaller_of_equally_fast_budgets():
+    # Unit 1's documents have 4 blocks, fewer than the base 16: every budget from 16 up costs
+    # the same. Raising it buys nothing and, with raises free to cross buckets, would move the
+    # step into bucket 24.
+    model = latency.AnalyticLatencyModel(latency.LayerShape(896, 14, 2, 64, 4864, 256))
+    config = tuner.TunerConfig(anchor="mean", p=0.3, coverage_floor=0.0, buckets=(16, 24),
+                               raise_within_bucket=False)
+    doc_lengths_SMD = np.zeros((2, 1, 64), np.int64)
+    doc_lengths_SMD[0, 0, 0] = 16384  # one long document: the straggler
+    doc_lengths_SMD[1, 0, :16] = 1024  # 16 documents of 4 blocks
+    seconds_SK = tuner.shard_latency_table(doc_lengths_SMD, model, 24, padded_tokens=16384)
+    assert np.all(seconds_SK[1, 16:22] == seconds_SK[1, 16])
+    d = tuner.Tuner(config, 2).decide(16, seconds_SK)
+    assert d.budgets_S[0] < 16 and d.budgets_S[1] == 16 and d.bucket == 16
+    # Base 4 may rise to 6; the mean anchor is 7. Flat from 4: unit 0 stays. Rising to 5, then
+    # flat: it takes 5, not 6.
+    config = tuner.TunerConfig(anchor="mean", p=0.3, coverage_floor=0.0, buckets=(8,))
+    for row, want in (([0, 1, 2, 3, 4, 4, 4, 9, 9], 4), ([0, 1, 2, 3, 4, 5, 5, 9, 9], 5)):
+        latency_SK = np.array([row, [0, 1, 8, 9, 10, 11, 12, 13, 14]], dtype=np.float64)
+        budgets = tuner.decide(latency_SK[:, 4], 4, None, lambda s, k: latency_SK[s, k], config)
+        np.testing.assert_array_equal(budgets, [want, 2])
 
 
 def test_small_base_can_still_move_one_block():
@@ -213,7 +246,18 @@ def test_tuner_uses_ema_correction_and_state_round_trips():
     second = t.decide(BASE, table)
     assert second.budgets_S[1] < BASE < second.budgets_S[0]
     assert second.bucket == tuner.bucket_for(second.budgets_S, BUCKETS)
-    assert second.host_seconds > 0
+    # The decision's time holds the coverage probes it asks for (the train loop's overhead).
+    probe_seconds = 0.05
+
+    def slow_coverage(unit, budget):
+        time.sleep(probe_seconds)
+        return 1.0
+
+    start = time.perf_counter()
+    probed = t.decide(BASE, table, slow_coverage)
+    wall = time.perf_counter() - start
+    assert probed.budgets_S[1] < BASE  # lowering asks for coverage: at least one probe
+    assert probe_seconds <= probed.host_seconds <= wall
     restored = tuner.Tuner(_config(), num_units=2, ema_decay=0.5, history=4)
     restored.load_state_dict(json.loads(json.dumps(t.state_dict())))
     np.testing.assert_array_equal(restored.decide(BASE, table).budgets_S,
@@ -278,8 +322,7 @@ def _reference_budgets(seconds_SK, ratio_S, error_S, coverage_SK, base, config):
 
     target = {"mean": np.mean, "min": np.min, "max": np.max}[config.anchor](
         np.array([corrected(s, base) for s in range(len(seconds_SK))]))
-    step = math.ceil(config.p * base - 1e-9)
-    lo, hi = max(1, base - step), min(config.k_max, base + step)
+    lo, hi = tuner.budget_bounds(base, config.p, config.k_max)  # its values: tested above
     if config.raise_within_bucket:
         hi = min(hi, min(b for b in config.buckets if b >= base))
     budgets = []
@@ -296,10 +339,12 @@ def _reference_budgets(seconds_SK, ratio_S, error_S, coverage_SK, base, config):
                     break
             chosen = min(scanned, key=lambda k: (abs(corrected(s, k) - target), -k))
         elif corrected(s, base) < target * (1 - band):
-            # The largest budget up to which every raise stays within the band below the anchor.
-            chosen = max(k for k in range(base, hi + 1)
-                         if all(corrected(s, j) <= target * (1 - band)
-                                for j in range(base + 1, k + 1)))
+            # The largest budget up to which every raise stays within the band below the anchor;
+            # of budgets predicted as fast as that one, the smallest.
+            top = max(k for k in range(base, hi + 1)
+                      if all(corrected(s, j) <= target * (1 - band)
+                             for j in range(base + 1, k + 1)))
+            chosen = min(k for k in range(base, top + 1) if corrected(s, k) == corrected(s, top))
         if chosen < base and coverage_SK is not None:
             floor = config.coverage_floor
             meets = [k for k in range(lo, base + 1) if coverage_SK[s, k - 1] >= floor]

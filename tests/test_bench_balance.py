@@ -19,13 +19,19 @@ from tests.cpu_flags import xla_flags
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BASE, BUCKETS, P = 4, (4, 6), 0.3  # P: configs/longbench.py balance.p
+# Documents of this seed leave the shards' first-step predictions (the EMA has measured
+# nothing yet) more than the 2% dead band apart in three of the four DST rows, among them
+# chatqa2 +SAB+DST: its straggler drops to budget 3 and its light shard rises to 5, which with
+# --noraise_within_bucket (the simulated run) runs that step in bucket 6, compiled for it.
+SEED = 32
 
 
 def _run(out, workloads, devices, *extra, repeats=1):
     cmd = [sys.executable, "-m", "experiments.bench_balance", "--interpret", "--shards=2",
            "--steps=2", "--seq_len=256", "--block_size=32", f"--budget={BASE}",
            "--buckets=" + ",".join(map(str, BUCKETS)), "--layers=1", f"--repeats={repeats}",
-           "--min_doc_len=16", f"--out={out}", f"--workloads={workloads}", *extra]
+           "--min_doc_len=16", f"--seed={SEED}", f"--out={out}", f"--workloads={workloads}",
+           *extra]
     env = dict(os.environ, XLA_FLAGS=xla_flags(devices))
     done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -36,7 +42,8 @@ def _run(out, workloads, devices, *extra, repeats=1):
 @pytest.fixture(scope="module")
 def bench(tmp_path_factory):
     # One host device: the benchmark simulates the shards.
-    return _run(tmp_path_factory.mktemp("bench_balance"), "longalign,chatqa2", 1)
+    return _run(tmp_path_factory.mktemp("bench_balance"), "longalign,chatqa2", 1,
+                "--noraise_within_bucket")
 
 
 @pytest.fixture(scope="module")
@@ -51,44 +58,67 @@ def test_outputs_exist_and_the_table_is_printed_last(bench):
     table = (out / "bench_balance.md").read_text()
     lines = stdout.strip().splitlines()
     assert lines[-1].startswith("| chatqa2 | +SAB+DST |")
-    assert lines[-10].startswith("| workload | row |")
+    assert lines[-10].startswith("| workload | row |") and "| probe ms |" in lines[-10]
     for line in lines[-8:]:
         assert line in table
     assert set(results["workloads"]) == {"longalign", "chatqa2"}
 
 
 def _check_rows(results, step_of):
-    """The definitions every row follows; `step_of(record, measured_S)` is a step's seconds."""
+    """The definitions every row follows; `step_of(record, measured_S)` is the runner's
+    seconds for a step (the step a DST row pays adds its decision)."""
     lo, hi = tuner.budget_bounds(BASE, P, BUCKETS[-1])
+    moved = set()
     for name, workload in results["workloads"].items():
         rows = workload["rows"]
         assert list(rows) == [m.name for m in simulate.METHODS]
-        baseline_total = rows["baseline"]["summary"]["total_seconds"]
+        totals = {}
         for method in simulate.METHODS:
             row = rows[method.name]
             s = row["summary"]
             assert s["steps"] == len(row["steps"]) >= 2
             measured_TS = np.array([r["measured_S"] for r in row["steps"]])
             assert np.all(measured_TS > 0)
-            step_T = np.array([step_of(r, np.array(r["measured_S"])) for r in row["steps"]])
+            runner_T = np.array([step_of(r, np.array(r["measured_S"])) for r in row["steps"]])
+            np.testing.assert_allclose([r["runner_step_seconds"] for r in row["steps"]],
+                                       runner_T)
+            tuner_T = np.array([r["tuner_seconds"] for r in row["steps"]])
+            probe_T = np.array([r["coverage_seconds"] for r in row["steps"]])
+            step_T = runner_T + tuner_T  # the decision is paid before the step, as in training
             np.testing.assert_allclose([r["step_seconds"] for r in row["steps"]], step_T)
+            totals[method.name] = step_T.sum()
             assert s["total_seconds"] == pytest.approx(step_T.sum())
+            assert s["tuner_ms"] == pytest.approx(1e3 * tuner_T.mean())
+            assert s["tuner_pct"] == pytest.approx(100 * tuner_T.sum() / step_T.sum())
+            assert s["coverage_ms"] == pytest.approx(1e3 * probe_T.mean())
             ratio_T = measured_TS.max(1) / measured_TS.mean(1)
-            assert np.all(ratio_T >= 1.0) and s["imbalance"] == pytest.approx(ratio_T.mean())
-            assert s["speedup"] == pytest.approx(baseline_total / s["total_seconds"])
-            assert s["compiles"] <= s["buckets"] == len(BUCKETS)
+            assert s["imbalance"] == pytest.approx(ratio_T.mean())
             budgets_TS = np.array([r["budgets_S"] for r in row["steps"]])
-            if method.dst:
-                assert np.all((budgets_TS >= lo) & (budgets_TS <= hi))
-            else:
-                assert np.all(budgets_TS == BASE) and s["tuner_ms"] == 0.0
+            buckets_T = [r["bucket"] for r in row["steps"]]
+            assert s["compiles"] == len(set(buckets_T)) <= s["buckets"] == len(BUCKETS)
             for r in row["steps"]:
                 assert r["bucket"] == tuner.bucket_for(np.array(r["budgets_S"]), BUCKETS)
                 assert all(0.0 <= c <= 1.0 for c in r["coverage_S"])
+                # The decision probes coverage only to lower a shard (the floor check); here
+                # every shard it probed met the floor (0.5): probes exactly where one was lowered.
+                lowered = min(r["budgets_S"]) < BASE
+                assert (r["coverage_calls"] > 0) == lowered
+                assert (r["coverage_seconds"] > 0) == lowered
+            if method.dst:
+                assert np.all((budgets_TS >= lo) & (budgets_TS <= hi))
+                assert np.all(tuner_T > probe_T)  # host work on top of any probe
+                if np.any(budgets_TS[0] != BASE):
+                    moved.add((name, method.name, tuple(budgets_TS[0]), buckets_T[0]))
+            else:
+                assert np.all(budgets_TS == BASE) and buckets_T == [BASE] * len(buckets_T)
+                assert np.all(tuner_T == 0) and np.all(probe_T == 0)
             doc_ids = sorted(i for r in row["steps"] for i in r["doc_ids"])
             assert doc_ids == list(range(workload["documents"])), (name, method.name)
             assert s["every_document_once"]
-        assert rows["baseline"]["summary"]["speedup"] == 1.0
+        for method, total in totals.items():
+            assert rows[method]["summary"]["speedup"] == pytest.approx(
+                totals["baseline"] / total)
+    return moved
 
 
 def test_numbers_follow_the_definitions(bench):
@@ -102,7 +132,11 @@ def test_numbers_follow_the_definitions(bench):
         assert np.all(np.array(record["measured_SM"]) > 0)
         return measured_S.max() + allreduce
 
-    _check_rows(results, step_of)
+    moved = _check_rows(results, step_of)
+    # DST moved budgets in its first step, and a raise compiled and ran the second bucket.
+    assert ("chatqa2", "+SAB+DST", (3, 5), 6) in moved, moved
+    assert results["workloads"]["chatqa2"]["rows"]["+SAB+DST"]["summary"]["compiles"] == 2
+    assert results["settings"]["compiles_total"] == 2
 
 
 def test_mesh_rows_time_each_shard_on_its_own_device(mesh_bench):
@@ -124,4 +158,66 @@ def test_mesh_rows_time_each_shard_on_its_own_device(mesh_bench):
         assert len(set(record["step_losses"])) == 1, record["step_losses"]
         return np.median(record["step_runs"])
 
-    _check_rows(results, step_of)
+    moved = _check_rows(results, step_of)
+    # Raises stay in the base's bucket (the default): the straggler alone moves.
+    assert ("chatqa2", "+SAB+DST", (3, 4), 4) in moved, moved
+
+
+def _old_record(step_seconds, tuner_seconds, coverage_seconds, budgets_S):
+    """A step as results written before the step counted the decision's probe hold it."""
+    return dict(step_seconds=step_seconds, tuner_seconds=tuner_seconds,
+                coverage_seconds=coverage_seconds, budgets_S=budgets_S, measured_S=[0.09, 0.08],
+                predicted_before_S=[0.09, 0.08], predicted_after_S=[0.09, 0.08],
+                tokens_S=[100, 100], coverage_S=[0.9, 0.9], doc_ids=[])
+
+
+def test_recount_adds_the_decisions_probe_to_its_step_and_overhead():
+    # Base 16, p 0.3: the floor check of a lowered shard probes budget 11, once; the other
+    # probe calls of a step (the chosen budgets' coverage) were made for the report only.
+    fixed = [_old_record(0.100, 0.0, 0.005, [16, 16]), _old_record(0.100, 0.0, 0.005, [16, 16])]
+    tuned = [_old_record(0.095, 0.001, 0.010, [11, 16]),  # calls at 11, 16: the decision's 1
+             _old_record(0.090, 0.002, 0.015, [13, 14]),  # calls at 11, 13, 14
+             _old_record(0.094, 0.001, 0.010, [16, 18])]  # nothing lowered: no probe
+    rows = {name: {"steps": list(fixed if name in ("baseline", "+SAB") else tuned),
+                   "summary": {"compiles": 1, "every_document_once": True}}
+            for name in ("baseline", "+DST", "+SAB", "+SAB+DST")}
+    rows["baseline"]["steps"] = fixed + [_old_record(0.100, 0.0, 0.005, [16, 16])]
+    rows["+SAB"]["steps"] = [_old_record(0.098, 0.0, 0.006, [16, 16])] * 3
+    data = {"settings": {"base_budget": 16, "p": 0.3, "buckets": [16, 24]},
+            "workloads": {"w": {"documents": 0, "rows": rows}}}
+    out = simulate.recount_decision(data)["workloads"]["w"]["rows"]
+    steps = out["+DST"]["steps"]
+    np.testing.assert_allclose([r["coverage_seconds"] for r in steps], [0.005, 0.005, 0.0])
+    np.testing.assert_allclose([r["tuner_seconds"] for r in steps], [0.006, 0.007, 0.001])
+    np.testing.assert_allclose([r["step_seconds"] for r in steps], [0.101, 0.097, 0.095])
+    assert [r["runner_step_seconds"] for r in steps] == [0.095, 0.090, 0.094]
+    assert [r["coverage_calls"] for r in steps] == [1, 1, 0]
+    s = out["+DST"]["summary"]
+    assert s["tuner_ms"] == pytest.approx(14 / 3) and s["coverage_ms"] == pytest.approx(10 / 3)
+    assert s["tuner_pct"] == pytest.approx(100 * 0.014 / 0.293)
+    assert s["speedup"] == pytest.approx(0.300 / 0.293)
+    # Rows without DST make no decision: their report-only probes are not counted.
+    assert out["+SAB"]["summary"]["speedup"] == pytest.approx(0.300 / 0.294)
+    assert out["baseline"]["summary"]["tuner_ms"] == 0 == out["baseline"]["summary"]["coverage_ms"]
+    with pytest.raises(ValueError, match="already count"):
+        simulate.recount_decision({"settings": data["settings"], "workloads": {"w": {
+            "rows": {"+DST": {"steps": steps}}}}})
+
+
+def test_recount_command_prints_the_dst_rows_of_a_stored_run():
+    path = os.path.join(REPO, "benchmarks", "h200", "balance_dp", "simulated",
+                        "bench_balance.json")
+    done = subprocess.run([sys.executable, "-m", "experiments.bench_balance",
+                           f"--recount={path}"], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.strip().splitlines()
+    assert lines[0] == "| workload | row | step ms | speedup | tuner ms (%) | probe ms |"
+    with open(path) as f:
+        stored = json.load(f)["workloads"]
+    rows = [(w, m) for w in stored for m in stored[w]["rows"] if "DST" in m]
+    assert [tuple(line.split(" | ")[:2]) for line in lines[2:]] == [
+        (f"| {w}", m) for w, m in rows]
+    for line, (w, m) in zip(lines[2:], rows):
+        # The baseline is unchanged and a DST row's steps only grow: its speedup can only fall.
+        assert float(line.split(" | ")[3]) <= round(stored[w]["rows"][m]["summary"]["speedup"], 3)

@@ -204,7 +204,12 @@ class AnalyticLatencyModel(LatencyModel):
 class LatencyTable:
     """Measured seconds of one document alone in a row of exactly that length.
 
-    seconds_LK[i, j] is the time at lengths[i] and budgets[j] (both strictly increasing).
+    seconds_LK[i, j] is the time at lengths[i] and budgets[j] (both strictly increasing). Each
+    length's row is made non-decreasing in the budget on construction (`_non_decreasing`): a
+    larger budget never does less work (a query attends to min(k, its blocks) blocks), so a
+    dip is timing noise, and the tuner's scans rely on latency not falling as k rises (`tuner`,
+    rule 2). Tables profiled before `profiling` timed a length's budgets past its block count
+    once hold such noise: the same work at several budgets, read up to 70% apart at one block.
     """
 
     device_kind: str
@@ -223,6 +228,7 @@ class LatencyTable:
         if arr.shape != (len(self.lengths), len(self.budgets)) or not np.all(arr > 0):
             raise ValueError(f"table seconds must be positive, shape "
                              f"{(len(self.lengths), len(self.budgets))}, got {arr.shape}")
+        object.__setattr__(self, "seconds_LK", tuple(_non_decreasing(row) for row in arr))
 
     def to_json_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -236,6 +242,21 @@ class LatencyTable:
                    budgets=tuple(int(x) for x in d["budgets"]),
                    seconds_LK=tuple(tuple(float(x) for x in row) for row in d["seconds_LK"]),
                    pad_seconds_per_token=float(d["pad_seconds_per_token"]))
+
+
+def _non_decreasing(row: np.ndarray) -> tuple[float, ...]:
+    """The least-squares non-decreasing fit of `row` (pool adjacent violators): a run of
+    entries that falls is replaced by its mean. Unlike a running maximum it does not carry one
+    high reading (a length's first timed budget tends to be one) over every larger budget; a
+    row already non-decreasing is returned unchanged, and a pooled run holds one exact value."""
+    runs: list[list[float]] = []  # [sum, count] of each pooled run
+    for x in row.tolist():
+        runs.append([x, 1])
+        while len(runs) > 1 and runs[-2][0] / runs[-2][1] > runs[-1][0] / runs[-1][1]:
+            total, count = runs.pop()
+            runs[-1][0] += total
+            runs[-1][1] += count
+    return tuple(total / count for total, count in runs for _ in range(count))
 
 
 def table_path(table_dir: str, device_kind: str, shape: LayerShape) -> str:
@@ -278,13 +299,21 @@ class ProfiledLatencyModel(LatencyModel):
     """Bilinear interpolation of a measured table.
 
     In length: a zero-length document costs zero (a point added at n = 0), and past the longest
-    profiled length the last segment extends linearly (MoBA attention per token is constant
-    once a document has more than k blocks). In budget: linear between profiled budgets; a
-    budget outside the profiled range is an error, since attention time need not be linear in k.
+    profiled length the last segment extends linearly. That holds only where a document's
+    blocks already exceed the budget at the longest length (from there every further query
+    block attends to exactly k blocks, so MoBA attention per token is constant): a document
+    longer than the table at a budget k with lengths[-1] < k x block_size is an error naming
+    the table file and the command to profile longer lengths. In budget: linear between
+    profiled budgets (written so that equal neighbours give exactly their value: the tuner
+    keeps the smaller of two budgets predicted equal); a budget outside the profiled range is
+    an error, since attention time need not be linear in k.
     """
 
-    def __init__(self, table: LatencyTable):
+    def __init__(self, table: LatencyTable, source: str | None = None):
+        """`source`: the table's file, for error messages (default: its name in a tables
+        folder)."""
         self.table = table
+        self.source = source or table_path("", table.device_kind, table.shape)
         self.block_size = table.shape.block_size
         self.pad_seconds_per_token = table.pad_seconds_per_token
         self._lengths = np.asarray((0,) + table.lengths, dtype=np.float64)
@@ -294,7 +323,8 @@ class ProfiledLatencyModel(LatencyModel):
 
     @classmethod
     def load(cls, table_dir: str, device_kind: str, shape: LayerShape) -> ProfiledLatencyModel:
-        return cls(load_table(table_dir, device_kind, shape))
+        return cls(load_table(table_dir, device_kind, shape),
+                   table_path(table_dir, device_kind, shape))
 
     def doc_seconds(self, lengths_N, budget):
         lengths_N = np.asarray(lengths_N, dtype=np.float64)
@@ -303,6 +333,8 @@ class ProfiledLatencyModel(LatencyModel):
         if budget.size and lengths_N.size and (budget.min() < lo or budget.max() > hi):
             raise ValueError(f"budget outside the profiled range [{lo}, {hi}]; re-profile with "
                              f"the budgets you use (`{PROFILE_COMMAND}`)")
+        if lengths_N.size and budget.size:
+            self._check_extrapolation(float(lengths_N.max()), int(np.ceil(budget.max())))
         # Lengths and budgets are bracketed apart and meet in the bilinear formula, which
         # broadcasts: K budgets x N documents cost K + N lookups, not K * N.
         li, lw = _bracket(self._lengths, lengths_N)
@@ -312,10 +344,22 @@ class ProfiledLatencyModel(LatencyModel):
                                    np.broadcast_shapes(lengths_N.shape, budget.shape))
         ki, kw = _bracket(self._budgets, budget)
         s = self._seconds_LK
-        li_next, ki_next, kw_rest = li + 1, ki + 1, 1 - kw
-        low = s[li, ki] * kw_rest + s[li, ki_next] * kw
-        high = s[li_next, ki] * kw_rest + s[li_next, ki_next] * kw
+        li_next, ki_next = li + 1, ki + 1
+        low = s[li, ki] + (s[li, ki_next] - s[li, ki]) * kw
+        high = s[li_next, ki] + (s[li_next, ki_next] - s[li_next, ki]) * kw
         return low * (1 - lw) + high * lw
+
+    def _check_extrapolation(self, longest_doc: float, top_budget: int) -> None:
+        longest = self.table.lengths[-1]
+        needed = top_budget * self.block_size
+        if longest_doc > longest and longest < needed:
+            lengths = ",".join(str(n) for n in self.table.lengths + (needed,))
+            raise ValueError(
+                f"a document of {int(longest_doc)} tokens is longer than the latency table's "
+                f"longest profiled length {longest} ({self.source}), and the table extends "
+                f"linearly only from budget x block_size = {top_budget} x {self.block_size} = "
+                f"{needed} tokens on; profile longer lengths: `{PROFILE_COMMAND} "
+                f"--lengths={lengths} ...`")
 
 
 class EmaCorrection:

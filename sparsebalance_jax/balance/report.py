@@ -6,17 +6,22 @@ Owns the presentation of `balance.simulate.run_workload` results (one dict per w
   steps (one line per shard, the step's max drawn thick) and their budgets; at the bottom, per
   workload and row, bars of the imbalance predicted at the base budget (before tuning), predicted
   at the chosen budgets (after) and measured.
-- `markdown_table`: one line per (workload, row) with the summary numbers.
+- `markdown_table`: one line per (workload, row) with the summary numbers. "tuner ms (%)" is
+  the whole decision a DST row pays before each step (host work and the coverage probes it
+  asks for; the percentage is of the step, which includes it), "probe ms" the probes' part.
+- `decision_table`: the columns the decision changes (step, speedup, tuner overhead, probe),
+  for chosen rows: what `experiments/bench_balance.py --recount` prints.
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 TABLE_COLUMNS = ("workload", "row", "steps", "imbalance", "step ms", "speedup", "tuner ms (%)",
-                 "compiles / buckets", "mean budget", "mean coverage", "pred. err")
+                 "probe ms", "compiles / buckets", "mean budget", "mean coverage", "pred. err")
+DECISION_COLUMNS = ("workload", "row", "step ms", "speedup", "tuner ms (%)", "probe ms")
 
 
 def write_png(path: str, results: Mapping[str, Mapping[str, Any]], title: str) -> None:
@@ -70,15 +75,31 @@ def write_png(path: str, results: Mapping[str, Mapping[str, Any]], title: str) -
     plt.close(fig)
 
 
-def markdown_table(results: Mapping[str, Mapping[str, Any]]) -> str:
-    lines = ["| " + " | ".join(TABLE_COLUMNS) + " |", "|" + "---|" * len(TABLE_COLUMNS)]
+def _cells(s: Mapping[str, Any]) -> dict[str, str]:
+    """Every column's text for one row's summary."""
+    return {"steps": str(s["steps"]), "imbalance": f"{s['imbalance']:.3f}",
+            "step ms": f"{1e3 * s['mean_step_seconds']:.1f}", "speedup": f"{s['speedup']:.3f}",
+            "tuner ms (%)": f"{s['tuner_ms']:.2f} ({s['tuner_pct']:.2f}%)",
+            "probe ms": f"{s['coverage_ms']:.2f}",
+            "compiles / buckets": f"{s['compiles']} / {s['buckets']}",
+            "mean budget": f"{s['mean_budget']:.2f}", "mean coverage": f"{s['mean_coverage']:.3f}",
+            "pred. err": f"{s['prediction_error']:.3f}"}
+
+
+def _table(results: Mapping[str, Mapping[str, Any]], columns: Sequence[str],
+           rows: Sequence[str] | None) -> str:
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for name, workload in results.items():
         for method, row in workload["rows"].items():
-            s = row["summary"]
-            cells = (name, method, str(s["steps"]), f"{s['imbalance']:.3f}",
-                     f"{1e3 * s['mean_step_seconds']:.1f}", f"{s['speedup']:.3f}",
-                     f"{s['tuner_ms']:.2f} ({s['tuner_pct']:.2f}%)",
-                     f"{s['compiles']} / {s['buckets']}", f"{s['mean_budget']:.2f}",
-                     f"{s['mean_coverage']:.3f}", f"{s['prediction_error']:.3f}")
-            lines.append("| " + " | ".join(cells) + " |")
+            if rows is None or method in rows:
+                cells = dict(_cells(row["summary"]), workload=name, row=method)
+                lines.append("| " + " | ".join(cells[c] for c in columns) + " |")
     return "\n".join(lines)
+
+
+def markdown_table(results: Mapping[str, Mapping[str, Any]]) -> str:
+    return _table(results, TABLE_COLUMNS, None)
+
+
+def decision_table(results: Mapping[str, Mapping[str, Any]], rows: Sequence[str]) -> str:
+    return _table(results, DECISION_COLUMNS, rows)

@@ -17,7 +17,9 @@ What is measured (DESIGN.md, "Definitions used in every measurement"):
   the one device; each micro-batch's time is `timing.time_call`: one warm-up call, then the
   median of `repeats` blocking calls. A shard's time is the sum over its micro-batches.
 - A synchronous step costs max over shards + a modeled ring all-reduce of the float32
-  gradients, 2 (N - 1) / N * parameter bytes / bus bandwidth, identical for every row.
+  gradients, 2 (N - 1) / N * parameter bytes / bus bandwidth, identical for every row; a DST
+  row's step also pays its decision, as the train loop does (below). Per step the record keeps
+  the runner's step (`runner_step_seconds`) and the sum (`step_seconds`).
 - Imbalance: max / mean of the shards' measured times, per step, mean over steps. Speedup: the
   baseline's summed step time over the row's.
 - Budgets are per shard (all rows of a shard share one). The tuner sees a shard as one unit:
@@ -26,13 +28,17 @@ What is measured (DESIGN.md, "Definitions used in every measurement"):
   time at the budgets it ran. The latency model prices one layer and the measurement is the
   whole model; the EMA ratio absorbs the scale (layers, embedding, LM head), and since every
   layer sees the same documents at the same budget, per-shard imbalance is a per-layer quantity.
-- Tuner overhead: host time of the decision, building the shard x budget latency table
-  included. The coverage the floor needs is computed on the device beforehand (in training it
-  would come from the forward's own gate) and timed separately (`coverage_seconds`).
+- Tuner overhead (`tuner_seconds`): the whole decision, timed as the train loop pays it before
+  every step (`training.budgets.DstBalancer`, its `tuner/overhead_ms`): the shard x budget
+  latency table, the rule, and the coverage probes the rule asks for (the floor check of a
+  shard it lowers; each a device call of `training.launch.coverage_probe`, the train loop's
+  own probe). The probes' part is also kept on its own (`coverage_seconds`, over
+  `coverage_calls` calls), so the split between host work and device probe shows. Rows
+  without DST make no decision (the loop's `FixedBudgets`): 0.
 - Coverage: `pallas_kernels.moba.moba_coverage` on the first layer's q / k of the current
   (initial) parameters, per row, averaged over a shard's rows weighted by their non-padding
-  tokens (`training.launch.coverage_probe`, the train loop's own probe). Computed only at the
-  budgets the tuner asks about and at the chosen ones.
+  tokens. Reported at the chosen budgets (`coverage_S`); the probes made only for that report
+  (budgets the decision did not ask about) are not timed: the train loop does not make them.
 - The same rows on real devices, one shard per device: `balance.mesh_runner.MeshRunner` in
   place of `DeviceRunner` (`bench_balance.py --data_parallel=mesh`).
 - Compiles: one `CompileCache` (one compiled step per budget bucket and shape) is shared by
@@ -225,17 +231,17 @@ def run_method(method: Method, step_batches: list[dict[str, np.ndarray]], setup:
     used: set = set()
     records = []
     for t, batch in enumerate(step_batches):
-        # Coverage only at the budgets the tuner asks about (those it might lower a shard to),
-        # and at the chosen ones; device time kept apart from the decision's host time.
+        # The decision, timed whole: the latency table, the rule, and the coverage probes the
+        # rule asks for (budgets it might lower a shard to), as the train loop pays it.
         by_budget: dict[int, np.ndarray] = {}
-        coverage_seconds = 0.0
+        probe_seconds = 0.0
 
         def coverage(s: int, k: int) -> float:
-            nonlocal coverage_seconds
+            nonlocal probe_seconds
             if k not in by_budget:
                 start = time.perf_counter()
                 by_budget[k] = runner.shard_coverage(batch, k)
-                coverage_seconds += time.perf_counter() - start
+                probe_seconds += time.perf_counter() - start
             return float(by_budget[k][s])
 
         start = time.perf_counter()
@@ -243,15 +249,22 @@ def run_method(method: Method, step_batches: list[dict[str, np.ndarray]], setup:
             batch["doc_lengths"], cost_model, config.k_max, padded_tokens=padded,
             budget_range=budget_bounds(setup.base_budget, config.p, config.k_max))
         decision = tuner.decide(setup.base_budget, seconds_SK, coverage=coverage)
-        host_seconds = time.perf_counter() - start - coverage_seconds if method.dst else 0.0
-        coverage_S = np.array([coverage(s, int(k)) for s, k in enumerate(decision.budgets_S)])
+        tuner_seconds = time.perf_counter() - start if method.dst else 0.0
+        coverage_seconds, coverage_calls = probe_seconds, len(by_budget)
+        # The chosen budgets' coverage, for the report only: probes it adds are not timed.
+        for k in {int(k) for k in decision.budgets_S} - set(by_budget):
+            by_budget[k] = runner.shard_coverage(batch, k)
+        coverage_S = np.array([by_budget[int(k)][s] for s, k in enumerate(decision.budgets_S)])
 
         timing = runner.measure_step(batch, decision.budgets_S, decision.bucket, setup, used)
+        runner_step_seconds = timing.pop("step_seconds")
         measured_S = np.asarray(timing["measured_S"])
         predicted_uncorrected_S = seconds_SK[np.arange(S), decision.budgets_S]
         tuner.observe(measured_S, predicted_uncorrected_S)
         record = dict(
             step=t, bucket=decision.bucket, budgets_S=decision.budgets_S.tolist(), **timing,
+            runner_step_seconds=runner_step_seconds,
+            step_seconds=runner_step_seconds + tuner_seconds,
             predicted_before_S=decision.predicted_before_S.tolist(),
             predicted_after_S=decision.predicted_after_S.tolist(),
             predicted_uncorrected_S=predicted_uncorrected_S.tolist(),
@@ -259,20 +272,21 @@ def run_method(method: Method, step_batches: list[dict[str, np.ndarray]], setup:
             coverage_S=coverage_S.tolist(),
             tokens_S=(batch["segment_ids"] != 0).reshape(S, -1).sum(-1).tolist(),
             imbalance=float(measured_S.max() / measured_S.mean()),
-            tuner_seconds=host_seconds, coverage_seconds=coverage_seconds,
+            tuner_seconds=tuner_seconds, coverage_seconds=coverage_seconds,
+            coverage_calls=coverage_calls,
             doc_ids=sorted(int(i) for i in batch["doc_ids"].ravel() if i >= 0))
         records.append(record)
         log(f"  {method.name:>9} step {t + 1}/{len(step_batches)}: shards "
             f"{1e3 * measured_S.min():.1f}-{1e3 * measured_S.max():.1f} ms, imbalance "
             f"{record['imbalance']:.3f}, budgets {decision.budgets_S.tolist()}")
-    return {"steps": records, "summary": _summarize(records, len(used), config)}
+    return {"steps": records, "summary": _summarize(records, len(used), len(config.buckets))}
 
 
 def _imbalance(x_TS: np.ndarray) -> float:
     return float(np.mean(x_TS.max(axis=1) / x_TS.mean(axis=1)))
 
 
-def _summarize(records: list[dict], compiles: int, config: TunerConfig) -> dict[str, Any]:
+def _summarize(records: list[dict], compiles: int, buckets: int) -> dict[str, Any]:
     measured_TS = np.array([r["measured_S"] for r in records])
     before_TS = np.array([r["predicted_before_S"] for r in records])
     after_TS = np.array([r["predicted_after_S"] for r in records])
@@ -280,6 +294,7 @@ def _summarize(records: list[dict], compiles: int, config: TunerConfig) -> dict[
     coverage_TS = np.array([r["coverage_S"] for r in records])
     step_T = np.array([r["step_seconds"] for r in records])
     tuner_T = np.array([r["tuner_seconds"] for r in records])
+    coverage_T = np.array([r["coverage_seconds"] for r in records])
     # The EMA has seen no measurement before the first step; its error counts from step 2 on.
     error = (np.abs(after_TS[1:] - measured_TS[1:]) / measured_TS[1:]) if len(records) > 1 \
         else np.full((1,), np.nan)
@@ -293,7 +308,8 @@ def _summarize(records: list[dict], compiles: int, config: TunerConfig) -> dict[
         mean_max_shard_seconds=float(measured_TS.max(axis=1).mean()),
         tuner_ms=float(1e3 * tuner_T.mean()),
         tuner_pct=float(100 * tuner_T.sum() / step_T.sum()),
-        compiles=compiles, buckets=len(config.buckets),
+        coverage_ms=float(1e3 * coverage_T.mean()),
+        compiles=compiles, buckets=buckets,
         mean_budget=float(np.mean([r["budgets_S"] for r in records])),
         mean_coverage=float((coverage_TS * tokens_TS).sum() / tokens_TS.sum()),
         min_shard_coverage=float(coverage_TS.min()),
@@ -326,3 +342,51 @@ def run_workload(spec: DataSpec, setup: BenchSetup, runner,
         summary["every_document_once"] = (summary["documents"] == len(docs)
                                           == summary["distinct_documents"])
     return {"documents": len(docs), "doc_lengths": lengths, "rows": rows}
+
+
+def recount_decision(data: dict[str, Any]) -> dict[str, Any]:
+    """A `bench_balance.json` written before a DST row's step paid its decision, counted as
+    `run_method` counts now; returns the same {"settings", "workloads"} with new records and
+    summaries (speedups included).
+
+    In such a file a step's `step_seconds` is the runner's step alone, `tuner_seconds` the
+    decision's host time without its coverage probes, and `coverage_seconds` the device time of
+    every probe call of the step: the decision's, and those made only to report the chosen
+    budgets' coverage (one per chosen budget the decision had not probed). Which calls were the
+    decision's follows from the rule (`tuner`, rule 3): it probes only when it lowers a shard,
+    from the lower bound `lo` up until the shard's coverage meets the floor. Taken here: one
+    call, at `lo` (every lowered shard met the floor there), so a step made
+    |{lo} u {chosen budgets}| calls, or |{chosen budgets}| when no shard was lowered. Every call
+    is the same compiled probe on the same inputs (only the budget, data, differs), so the
+    decision's share is taken as the step's `coverage_seconds` split evenly over its calls
+    (the gate's passes follow the budget, so the call at `lo` is if anything the cheaper one).
+    """
+    settings = data["settings"]
+    if any("runner_step_seconds" in r for w in data["workloads"].values()
+           for row in w["rows"].values() for r in row["steps"]):
+        raise ValueError("these results already count the decision in the step")
+    base, buckets = settings["base_budget"], tuple(settings["buckets"])
+    lo, _ = budget_bounds(base, settings["p"], buckets[-1])
+    dst = {m.name: m.dst for m in METHODS}
+    workloads = {}
+    for name, workload in data["workloads"].items():
+        rows = {}
+        for method, row in workload["rows"].items():
+            records = []
+            for r in row["steps"]:
+                lowered = min(r["budgets_S"]) < base
+                calls = len(({lo} if lowered else set()) | set(r["budgets_S"]))
+                probe = r["coverage_seconds"] * lowered / calls if dst[method] else 0.0
+                tuner_seconds = r["tuner_seconds"] + probe if dst[method] else 0.0
+                records.append(dict(r, runner_step_seconds=r["step_seconds"],
+                                    step_seconds=r["step_seconds"] + tuner_seconds,
+                                    tuner_seconds=tuner_seconds, coverage_seconds=probe,
+                                    coverage_calls=int(lowered and dst[method])))
+            summary = dict(row["summary"], **_summarize(records, row["summary"]["compiles"],
+                                                         len(buckets)))
+            rows[method] = {"steps": records, "summary": summary}
+        baseline_total = rows[METHODS[0].name]["summary"]["total_seconds"]
+        for row in rows.values():
+            row["summary"]["speedup"] = baseline_total / row["summary"]["total_seconds"]
+        workloads[name] = dict(workload, rows=rows)
+    return {"settings": settings, "workloads": workloads}

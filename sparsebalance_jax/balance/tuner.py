@@ -17,9 +17,12 @@ The decision, per unit s with predicted latency L_s at the base budget b and anc
    latency is closest to A (ties: the larger budget), so a unit barely above the anchor keeps
    its budget instead of dropping a whole block below it (which would cost accuracy and only
    make it the light one); a light unit (L_s < A) takes the largest b' >= b whose latency is
-   still <= A (it fills its bubble, never becoming the new straggler). Latency is taken to be
-   non-decreasing in the budget (the light unit's scan stops at the first budget that crosses
-   the anchor).
+   still <= A (it fills its bubble, never becoming the new straggler), except that of budgets
+   predicted equally fast it keeps the smallest: a raise that adds no predicted time adds no
+   attention either (its documents have fewer blocks than the budget), and it could only push
+   the step into a larger bucket. Latency is taken to be non-decreasing in the budget (the
+   light unit's scan stops at the first budget that crosses the anchor; profiled tables are
+   made so, `latency.LatencyTable`).
 3. Coverage floor: a budget is never lowered below the smallest budget whose coverage (share
    of the gate's score mass held by the selected blocks) reaches the floor. The floor only
    stops decreases: it does not raise a budget above the base (the base is the accuracy the
@@ -179,11 +182,13 @@ def decide(predicted_S: np.ndarray, base_budget: int, coverage: np.ndarray | Cov
                 if k_latency <= target:
                     break  # lower budgets only move further below the anchor
         elif latency < target * (1.0 - band):
-            chosen = base_budget
+            chosen, chosen_latency = base_budget, latency
             for k in range(base_budget + 1, hi + 1):
-                if latency_fn(s, k) > target * (1.0 - band):
+                k_latency = latency_fn(s, k)
+                if k_latency > target * (1.0 - band):
                     break
-                chosen = k
+                if k_latency > chosen_latency:  # ties keep the smaller budget
+                    chosen, chosen_latency = k, k_latency
         else:
             chosen = base_budget
         if chosen < base_budget:
