@@ -45,9 +45,9 @@ def dry_run(raw, num_shards: int, steps: int) -> dict:
     if not cfg.balance.dst:
         raise ConfigError("balance.dst: the dry run needs DST on (set --config.balance.dst=True)")
     cost_model = launch.latency_model(cfg)
-    balancer = budgets.DstBalancer(
-        cfg, cost_model, lambda batch, params, budget: np.ones(len(batch["budgets"])))
     base, k_max = cfg.attention.budget, cfg.attention.budget_buckets[-1]
+    balancer = budgets.DstBalancer(
+        cfg, cost_model, lambda batch, params: np.ones((len(batch["budgets"]), k_max)))
     padded = cfg.data.rows_per_micro_batch * cfg.data.seq_len
     chosen, before, after, block = [], [], [], []
     for _, batch in zip(range(steps), launch.data_iterator(cfg, cost_model)):

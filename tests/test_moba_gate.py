@@ -90,6 +90,29 @@ def test_selection_counts_and_coverage():
   np.testing.assert_array_equal(np.asarray(full), 1.0)
 
 
+def test_coverage_curve_is_the_coverage_at_every_budget():
+  """moba_coverage_curve's column j is moba_coverage at budget j + 1, for rows of one document,
+  packed documents, and padding; it rises with the budget and reaches 1 once every eligible
+  block is chosen."""
+  rng = np.random.default_rng()
+  q = jnp.asarray(rng.standard_normal((3, 128, 4, 16)), jnp.float32)
+  k = jnp.asarray(rng.standard_normal((3, 128, 2, 16)), jnp.float32)
+  seg = jnp.stack([jnp.ones((128,), jnp.int32),
+                   packed_segments(rng, 1, 128, 16, aligned=False)[0],
+                   jnp.where(jnp.arange(128) < 72, 1, 0).astype(jnp.int32)])
+  k_max = 8  # 8 blocks of 16: at budget 8 every earlier block is chosen
+  curve = np.asarray(gating.moba_coverage_curve(q, k, seg, block_size=16, k_max=k_max))
+  assert curve.shape == (3, k_max)
+  for budget in range(1, k_max + 1):
+    want = moba_coverage(q, k, seg, jnp.full((3,), budget, jnp.int32), block_size=16,
+                         k_max=k_max)
+    np.testing.assert_allclose(curve[:, budget - 1], np.asarray(want), rtol=1e-5, atol=1e-6,
+                               err_msg=f"budget {budget}")
+  assert np.all(np.diff(curve, axis=1) >= -1e-6)
+  np.testing.assert_allclose(curve[:, -1], 1.0, rtol=1e-6)  # a row mean of 1s, in float32
+  assert np.all(curve[:, 1] < 0.99), "budget 2 should leave unchosen mass"
+
+
 @pytest.mark.parametrize("bad, match", [
     (dict(t=120), "multiple of block_size"),
     (dict(hq=3), "Hq % Hkv"),

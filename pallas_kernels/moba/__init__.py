@@ -7,6 +7,7 @@ Public API::
                               interpret=False)
     sel = moba_gate(q_BTHD, k_BTKD, segment_ids_BT, budget_B, *, block_size, k_max)
     cov_B = moba_coverage(q_BTHD, k_BTKD, segment_ids_BT, budget_B, *, block_size, k_max)
+    cov_BK = moba_coverage_curve(q_BTHD, k_BTKD, segment_ids_BT, *, block_size, k_max)
     ref_BTHD = moba_reference(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, budget_B, *,
                               block_size, k_max)
 
@@ -46,7 +47,7 @@ Semantics (exact; kernels and the dense reference compute the same function):
 * Coverage of (t, group): softmax of the eligible gate scores, summed over the
   chosen blocks; 1.0 when all eligible blocks are chosen or none is eligible, and
   for padding tokens. `moba_coverage` averages it over a row's non-padding tokens
-  and KV groups.
+  and KV groups; `moba_coverage_curve` gives that at every budget 1..k_max in one pass.
 * Gradients flow to q, k, v through attention only (selection is piecewise
   constant, as in MoBA).
 
@@ -86,10 +87,12 @@ target at top-3 is not reached. At 14/2 heads x 64 the Hopper kernels are the fa
 from jax.experimental.pallas import fuser as _fuser  # noqa: F401
 
 from pallas_kernels.moba.attention import moba_attention
-from pallas_kernels.moba.gating import MobaSelection, moba_coverage, moba_gate
+from pallas_kernels.moba.gating import (MobaSelection, moba_coverage, moba_coverage_curve,
+                                        moba_gate)
 from pallas_kernels.moba.kv_layout import MobaKVLayout, build_kv_layout
 from pallas_kernels.moba.kernels import MobaBlockSizes
 from pallas_kernels.moba.reference import moba_reference
 
 __all__ = ["MobaBlockSizes", "MobaKVLayout", "MobaSelection", "build_kv_layout",
-           "moba_attention", "moba_coverage", "moba_gate", "moba_reference"]
+           "moba_attention", "moba_coverage", "moba_coverage_curve", "moba_gate",
+           "moba_reference"]

@@ -262,10 +262,44 @@ def moba_coverage(q_BTHD, k_BTKD, segment_ids_BT, budget_B, *, block_size: int, 
                   ) -> jax.Array:
   """Mean coverage per row over its non-padding tokens and KV groups, float32 [B]."""
   sel = moba_gate(q_BTHD, k_BTKD, segment_ids_BT, budget_B, block_size=block_size, k_max=k_max)
+  return _row_mean(sel.coverage_BTG.mean(-1), segment_ids_BT)
+
+
+def _row_mean(per_token_BTX, segment_ids_BT) -> jax.Array:
+  """Mean over each row's non-padding tokens [B, X...] (1 for a row of padding only)."""
   nonpad_BT = (segment_ids_BT != 0).astype(jnp.float32)
-  per_token_BT = sel.coverage_BTG.mean(-1)
-  n_B = nonpad_BT.sum(-1)
-  return jnp.where(n_B > 0, (per_token_BT * nonpad_BT).sum(-1) / jnp.maximum(n_B, 1), 1.0)
+  nonpad = nonpad_BT.reshape(nonpad_BT.shape + (1,) * (per_token_BTX.ndim - 2))
+  n_B = nonpad.sum(1)
+  return jnp.where(n_B > 0, (per_token_BTX * nonpad).sum(1) / jnp.maximum(n_B, 1), 1.0)
+
+
+def moba_coverage_curve(q_BTHD, k_BTKD, segment_ids_BT, *, block_size: int, k_max: int
+                        ) -> jax.Array:
+  """`moba_coverage` of every row at every budget 1..k_max at once, float32 [B, k_max]
+  (column j: budget j + 1), from one gate pass: a token's coverage at budget k is the mass of
+  its k - 1 highest eligible blocks, a running sum down its ranked blocks. What the DST tuner's
+  coverage floor reads: one device call per step, whatever budgets it weighs."""
+  validate_shapes(q_BTHD, k_BTKD, None, segment_ids_BT, jnp.ones((q_BTHD.shape[0],), jnp.int32),
+                  block_size=block_size, k_max=k_max)
+  q_BTHD, k_BTKD = lax.stop_gradient(q_BTHD), lax.stop_gradient(k_BTKD)
+  scores_BTGN = gate_scores(q_BTHD, k_BTKD, segment_ids_BT, block_size=block_size)
+  eligible_BTGN = jnp.isfinite(scores_BTGN)
+  top_BTGK, _ = _top_k(scores_BTGN, k_max - 1)
+  mx_BTG = jnp.max(scores_BTGN, axis=-1)
+  mx_BTG = jnp.where(jnp.isfinite(mx_BTG), mx_BTG, 0.0)
+  total_BTG = jnp.where(eligible_BTGN, jnp.exp(scores_BTGN - mx_BTG[..., None]), 0.0).sum(-1)
+  e_top_BTGK = jnp.where(jnp.isfinite(top_BTGK), jnp.exp(top_BTGK - mx_BTG[..., None]), 0.0)
+  # Budget 1 chooses no block: mass 0. Budget k: the first k - 1 ranked blocks.
+  mass_BTGK = jnp.concatenate([jnp.zeros_like(total_BTG)[..., None],
+                               jnp.cumsum(e_top_BTGK, axis=-1)], -1)
+  cov_BTGK = jnp.clip(mass_BTGK / jnp.maximum(total_BTG, 1e-30)[..., None], 0.0, 1.0)
+  # Exactly 1 once every eligible block is chosen, or when none is eligible (as moba_gate).
+  chosen_K = jnp.arange(k_max)
+  all_BTGK = chosen_K >= eligible_BTGN.sum(-1)[..., None]
+  cov_BTGK = jnp.where(all_BTGK | (total_BTG <= 0)[..., None], 1.0, cov_BTGK)
+  nonpad_BT = segment_ids_BT != 0
+  cov_BTK = jnp.where(nonpad_BT[..., None], cov_BTGK.mean(2), 1.0)
+  return _row_mean(cov_BTK, segment_ids_BT).astype(jnp.float32)
 
 
 # Up to this many picks the gate makes every pass, unrolled, and drops the picks past the

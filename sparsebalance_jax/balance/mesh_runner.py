@@ -77,9 +77,10 @@ class MeshRunner:
     def compiles(self) -> int:
         return self._timed.compiles + self._fused.compiles
 
-    def shard_coverage(self, step_batch: dict[str, np.ndarray], budget: int) -> np.ndarray:
-        """Coverage float64 [S] of every shard's rows at `budget` (token-weighted)."""
-        return np.asarray(self._coverage(step_batch, self.params, budget), np.float64)
+    def shard_coverage(self, step_batch: dict[str, np.ndarray]) -> np.ndarray:
+        """Coverage float64 [S, k_max] of every shard's rows at every budget (token-weighted;
+        column k - 1: budget k)."""
+        return self._coverage(step_batch, self.params)
 
     def measure_step(self, step_batch: dict[str, np.ndarray], budgets_S: np.ndarray,
                      bucket: int, setup: BenchSetup, used: set) -> dict[str, Any]:

@@ -30,15 +30,16 @@ What is measured (DESIGN.md, "Definitions used in every measurement"):
   layer sees the same documents at the same budget, per-shard imbalance is a per-layer quantity.
 - Tuner overhead (`tuner_seconds`): the whole decision, timed as the train loop pays it before
   every step (`training.budgets.DstBalancer`, its `tuner/overhead_ms`): the shard x budget
-  latency table, the rule, and the coverage probes the rule asks for (the floor check of a
-  shard it lowers; each a device call of `training.launch.coverage_probe`, the train loop's
-  own probe). The probes' part is also kept on its own (`coverage_seconds`, over
-  `coverage_calls` calls), so the split between host work and device probe shows. Rows
-  without DST make no decision (the loop's `FixedBudgets`): 0.
-- Coverage: `pallas_kernels.moba.moba_coverage` on the first layer's q / k of the current
-  (initial) parameters, per row, averaged over a shard's rows weighted by their non-padding
-  tokens. Reported at the chosen budgets (`coverage_S`); the probes made only for that report
-  (budgets the decision did not ask about) are not timed: the train loop does not make them.
+  latency table, the rule, and the coverage probe the rule asks for (the floor check of a
+  shard it lowers: one device call of `training.launch.coverage_probe`, the train loop's own
+  probe, giving every shard's coverage at every budget). The probe's part is also kept on its
+  own (`coverage_seconds`, over `coverage_calls` calls: 0 or 1; runs recorded before the probe
+  gave every budget at once made one call per budget), so the split between host work and
+  device probe shows. Rows without DST make no decision (the loop's `FixedBudgets`): 0.
+- Coverage: `pallas_kernels.moba.moba_coverage_curve` on the first layer's q / k of the
+  current (initial) parameters, per row, averaged over a shard's rows weighted by their
+  non-padding tokens. Reported at the chosen budgets (`coverage_S`); a probe made only for
+  that report (a step whose decision asked none) is not timed: the train loop does not make it.
 - The same rows on real devices, one shard per device: `balance.mesh_runner.MeshRunner` in
   place of `DeviceRunner` (`bench_balance.py --data_parallel=mesh`).
 - Compiles: one `CompileCache` (one compiled step per budget bucket and shape) is shared by
@@ -205,9 +206,10 @@ class DeviceRunner:
                     step_seconds=float(measured_S.max() + allreduce),
                     allreduce_seconds=allreduce)
 
-    def shard_coverage(self, step_batch: dict[str, np.ndarray], budget: int) -> np.ndarray:
-        """Coverage float64 [S] of every shard's rows at `budget` (token-weighted)."""
-        return np.asarray(self._coverage(step_batch, self.params, budget), np.float64)
+    def shard_coverage(self, step_batch: dict[str, np.ndarray]) -> np.ndarray:
+        """Coverage float64 [S, k_max] of every shard's rows at every budget (token-weighted;
+        column k - 1: budget k)."""
+        return self._coverage(step_batch, self.params)
 
 
 def _micro_batch(step_batch: dict[str, np.ndarray], s: int, m: int,
@@ -231,18 +233,18 @@ def run_method(method: Method, step_batches: list[dict[str, np.ndarray]], setup:
     used: set = set()
     records = []
     for t, batch in enumerate(step_batches):
-        # The decision, timed whole: the latency table, the rule, and the coverage probes the
-        # rule asks for (budgets it might lower a shard to), as the train loop pays it.
-        by_budget: dict[int, np.ndarray] = {}
+        # The decision, timed whole: the latency table, the rule, and the coverage probe the
+        # rule asks for (when it weighs lowering a shard), as the train loop pays it.
+        curve: list[np.ndarray] = []  # [S, k_max]
         probe_seconds = 0.0
 
         def coverage(s: int, k: int) -> float:
             nonlocal probe_seconds
-            if k not in by_budget:
+            if not curve:
                 start = time.perf_counter()
-                by_budget[k] = runner.shard_coverage(batch, k)
+                curve.append(runner.shard_coverage(batch))
                 probe_seconds += time.perf_counter() - start
-            return float(by_budget[k][s])
+            return float(curve[0][s, k - 1])
 
         start = time.perf_counter()
         seconds_SK = shard_latency_table(
@@ -250,11 +252,11 @@ def run_method(method: Method, step_batches: list[dict[str, np.ndarray]], setup:
             budget_range=budget_bounds(setup.base_budget, config.p, config.k_max))
         decision = tuner.decide(setup.base_budget, seconds_SK, coverage=coverage)
         tuner_seconds = time.perf_counter() - start if method.dst else 0.0
-        coverage_seconds, coverage_calls = probe_seconds, len(by_budget)
-        # The chosen budgets' coverage, for the report only: probes it adds are not timed.
-        for k in {int(k) for k in decision.budgets_S} - set(by_budget):
-            by_budget[k] = runner.shard_coverage(batch, k)
-        coverage_S = np.array([by_budget[int(k)][s] for s, k in enumerate(decision.budgets_S)])
+        coverage_seconds, coverage_calls = probe_seconds, len(curve)
+        # The chosen budgets' coverage, for the report only: a probe it adds is not timed.
+        if not curve:
+            curve.append(runner.shard_coverage(batch))
+        coverage_S = curve[0][np.arange(S), decision.budgets_S - 1]
 
         timing = runner.measure_step(batch, decision.budgets_S, decision.bucket, setup, used)
         runner_step_seconds = timing.pop("step_seconds")

@@ -68,15 +68,17 @@ class DstBalancer:
 
     Predictions: the latency model prices every shard's micro-batches at every budget
     (`shard_latency_table`). Coverage floor: the first layer's MoBA gate, run on this step's
-    inputs with the current parameters, gives each shard's coverage at a candidate budget
-    (computed lazily, only for budgets the tuner considers lowering to). The tuner's EMA
+    inputs with the current parameters, gives each shard's coverage at every budget in one
+    device call (`launch.coverage_probe`), made only on steps where the tuner weighs lowering a
+    shard. The tuner's EMA
     correction (and the dead band's measured error) is fed each shard's measured compute time
     when the loop times shards (`balance.shard_timing`, `training.step.ShardTimedStep`); without
     it the decisions rest on the model's predictions alone.
     """
 
     def __init__(self, cfg, cost_model, coverage_fn, *, gather=None, first_shard: int = 0):
-        """`coverage_fn(step_batch, params, budget)` -> coverage of this process's shards;
+        """`coverage_fn(step_batch, params)` -> [S_local, k_max] coverage of this process's
+        shards at every budget;
         `gather` turns a process-local [S_local, ...] array into the job's [S, ...] (identity
         with one process); `first_shard` is this process's first data shard."""
         from sparsebalance_jax.balance.tuner import Tuner
@@ -101,21 +103,20 @@ class DstBalancer:
             self._gather(step_batch["doc_lengths"]), self._cost_model, self._k_max,
             self._padded_tokens,
             budget_range=budget_bounds(self._base, self._tuner.config.p, self._k_max))
-        coverage_at: dict[int, np.ndarray] = {}
+        curve: list[np.ndarray] = []  # [S, k_max], probed on the first question
 
         def coverage(unit: int, budget: int) -> float:
-            if budget not in coverage_at:
-                coverage_at[budget] = self._gather(
-                    np.asarray(self._coverage_fn(step_batch, params, budget)))
-            return float(coverage_at[budget][unit])
+            if not curve:
+                curve.append(self._gather(np.asarray(self._coverage_fn(step_batch, params))))
+            return float(curve[0][unit, budget - 1])
 
         d = self._tuner.decide(self._base, seconds_SK, coverage)
-        cov_S = coverage_at.get(self._base)
+        cov_S = curve[0][:, self._base - 1] if curve else None
         local_S = d.budgets_S[self._first_shard:self._first_shard + len(step_batch["budgets"])]
         budgets_SMR = np.broadcast_to(local_S[:, None, None],
                                       step_batch["budgets"].shape).astype(np.int32)
         before, after = d.predicted_before_S, d.predicted_after_S
-        # Overhead: the whole decision on the host - latency table, the gate probes it asked
+        # Overhead: the whole decision on the host - latency table, the gate probe it asked
         # for (device time included), and the rule.
         extra = {"tuner/overhead_ms": 1e3 * (time.perf_counter() - start),
                  "tuner/imbalance_predicted_before": float(before.max() / before.mean()),

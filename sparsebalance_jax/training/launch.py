@@ -16,16 +16,18 @@ from sparsebalance_jax.training.loop import describe, train
 
 
 def request_host_devices(raw) -> None:
-    """On CPU, expose as many host devices as the config's mesh asks for, an axis of -1 (the
-    devices left over) counting as 1 there.
+    """On CPU, expose as many host devices as the config's mesh asks for, when every axis has a
+    size; a mesh with a -1 axis (the devices left over) takes the host devices there are (one,
+    unless XLA_FLAGS' --xla_force_host_platform_device_count sets more).
 
     Must run before JAX starts its backends; it has no effect on GPU devices. In a
     multi-process job (JAX_NUM_PROCESSES) each process holds its share of the mesh.
     """
     mesh = raw["mesh"]
-    total = 1
-    for axis in ("data", "fsdp", "tensor"):
-        total *= max(mesh[axis], 1)
+    sizes = [mesh["data"], mesh["fsdp"], mesh["tensor"]]
+    if any(s < 1 for s in sizes):
+        return
+    total = sizes[0] * sizes[1] * sizes[2]
     processes = int(os.environ.get("JAX_NUM_PROCESSES", "1"))
     if total % processes:
         raise ConfigError(f"mesh: {total} devices do not split over JAX_NUM_PROCESSES="
@@ -82,28 +84,29 @@ def data_iterator(cfg: Config, cost_model, crop_counter=None):
 
 
 def coverage_probe(cfg: Config, model):
-    """(step_batch, params, budget) -> each shard's first-layer gate coverage at that budget."""
-    from pallas_kernels.moba import moba_coverage
+    """(step_batch, params) -> float64 [S, k_max]: each shard's first-layer gate coverage at
+    every budget 1..k_max (column k - 1: budget k; k_max the largest bucket), from one device
+    call (`moba_coverage_curve`), its rows weighted by their non-padding tokens."""
+    from pallas_kernels.moba import moba_coverage_curve
     from sparsebalance_jax.model import first_layer_qk
 
     a = cfg.attention
 
     @jax.jit
-    def rows_coverage(params, inputs_NT, segment_ids_NT, positions_NT, budget_N):
+    def rows_coverage(params, inputs_NT, segment_ids_NT, positions_NT):
         q, k = first_layer_qk(model, params, inputs_NT, positions_NT)
-        return moba_coverage(q, k, segment_ids_NT, budget_N, block_size=a.block_size,
-                             k_max=a.budget_buckets[-1])
+        return moba_coverage_curve(q, k, segment_ids_NT, block_size=a.block_size,
+                                   k_max=a.budget_buckets[-1])
 
-    def per_shard(step_batch, params, budget):
+    def per_shard(step_batch, params):
         s = step_batch["inputs"].shape[0]
         flat = {k: step_batch[k].reshape(-1, step_batch[k].shape[-1])
                 for k in ("inputs", "segment_ids", "positions")}
-        cov_N = np.asarray(rows_coverage(params, flat["inputs"], flat["segment_ids"],
-                                         flat["positions"],
-                                         np.full((len(flat["inputs"]),), budget, np.int32)))
-        tokens_N = (flat["segment_ids"] > 0).sum(-1)
-        tokens_SN = tokens_N.reshape(s, -1)
-        return (cov_N.reshape(s, -1) * tokens_SN).sum(-1) / np.maximum(tokens_SN.sum(-1), 1)
+        cov_NK = np.asarray(rows_coverage(params, flat["inputs"], flat["segment_ids"],
+                                          flat["positions"]), np.float64)
+        tokens_SN1 = (flat["segment_ids"] > 0).sum(-1).reshape(s, -1, 1)
+        return ((cov_NK.reshape(s, -1, cov_NK.shape[-1]) * tokens_SN1).sum(1)
+                / np.maximum(tokens_SN1.sum(1), 1))
 
     return per_shard
 
@@ -130,9 +133,9 @@ def make_balancer(cfg: Config, cost_model):
 
     probe = coverage_probe(cfg, model)
 
-    def local_probe(step_batch, params, budget):
+    def local_probe(step_batch, params):
         local_params = jax.tree.map(lambda x: x.addressable_data(0), params)
-        return probe(step_batch, local_params, budget)
+        return probe(step_batch, local_params)
 
     per_process = cfg.num_data_shards // jax.process_count()
     return DstBalancer(cfg, cost_model, local_probe,
