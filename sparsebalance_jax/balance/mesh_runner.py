@@ -20,9 +20,9 @@ measure each step. Here a step runs as the trainer runs it, over a data-only mes
   over the key blocks: a first two-GPU run that carried the state saw shard times drift up
   over the run where the simulation's stayed flat, which would confound rows run later.
 - `modeled_step_seconds`: the slowest shard plus the modeled ring all-reduce at the benchmark's
-  bus bandwidth, what the one-device simulation would call this step: the gap between it and
-  `step_seconds` (the record's `runner_step_seconds`) is what the simulation leaves out (the all-reduce's real cost and overlap, the
-  devices' skew in reaching the program).
+  bus bandwidth, what the one-device simulation would call this step: the gap between it
+  and `step_seconds` (the record's `runner_step_seconds`) is what the simulation leaves out
+  (the all-reduce's real cost and overlap, the devices' skew in reaching the program).
 
 Coverage for the tuner's floor comes from the initial parameters, as in the simulation.
 """
