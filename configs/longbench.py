@@ -17,9 +17,10 @@ Presets:
        budget block, and ran every step at (3, 3); DST weighed no cut, so it read no gate
        coverage and logged no coverage/ metric.
        `experiments.dst_dry_run` shows its decisions over more shards. It runs 120 steps in
-       about 1.5 minutes on 2 cores (MoBA in Pallas interpret mode; 1 min 39 s wall on
-       2026-12-04); the loss falls from 5.93 (uniform over the 384-entry vocabulary: 5.95)
-       to about 2.55 (2.542 at step 120 that day, 2.553 on 2026-11-29).
+       about 1.5-2.5 minutes on 2 cores (MoBA in Pallas interpret mode; 1 min 39 s wall on an
+       idle machine on 2026-12-04); the loss falls from 5.93 (uniform over the 384-entry
+       vocabulary: 5.95) to about 2.5 (2.519 at step 120 in a run of 2026-12-04 whose first
+       update already moves the weights; 2.542 and 2.553 before, when it had rate 0).
 
 `auto` (the default) picks `gpu` when a CUDA device node exists, else `cpu`; the choice is made
 without starting JAX so that the CPU preset can still ask JAX for its host devices.
