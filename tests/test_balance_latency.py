@@ -52,12 +52,17 @@ def test_analytic_cost_grows_with_budget_only_past_the_budget():
     assert model.predict([320], 2) < model.predict([320], 8)
 
 
+def _pad(lengths, call=0.0):
+    """Padding-only rows' times: 1 ms per token plus a call's fixed part."""
+    return tuple(call + 1e-3 * n for n in lengths)
+
+
 def _table(rng):
     lengths = (64, 128, 512)
     budgets = (1, 4, 8)
     seconds = rng.uniform(1.0, 2.0, size=(3, 3)).cumsum(axis=0).cumsum(axis=1)
     return latency.LatencyTable(device_kind="cpu", shape=SHAPE, lengths=lengths, budgets=budgets,
-                                seconds_LK=tuple(map(tuple, seconds)), pad_seconds_per_token=1e-3)
+                                seconds_LK=tuple(map(tuple, seconds)), pad_seconds_L=_pad(lengths))
 
 
 def test_profiled_model_interpolates_bilinearly():
@@ -79,12 +84,36 @@ def test_profiled_model_interpolates_bilinearly():
         model.predict([100], 9)
 
 
+def test_a_packed_call_pays_its_fixed_part_once():
+    """The padding rows' intercept is a call's fixed part: a document alone predicts its
+    row's time, and a micro-batch packing several pays the fixed part once, not per document."""
+    lengths, call = (64, 128, 512), 0.25
+    seconds = ((1.0, 1.5), (1.5, 2.5), (3.0, 6.0))
+    table = latency.LatencyTable(device_kind="cpu", shape=SHAPE, lengths=lengths,
+                                 budgets=(1, 4), seconds_LK=seconds,
+                                 pad_seconds_L=_pad(lengths, call))
+    assert table.call_seconds == pytest.approx(call, rel=1e-9)
+    assert table.pad_seconds_per_token == pytest.approx(1e-3, rel=1e-9)
+    model = latency.ProfiledLatencyModel(table)
+    assert model.predict([128], 4) == pytest.approx(2.5, rel=1e-12)
+    assert model.predict([64] * 4, 1) == pytest.approx(call + 4 * (1.0 - call), rel=1e-12)
+    packed = model.predict_batch(np.array([[64, 64, 128]]), 4, padded_tokens=1024)[0]
+    assert packed == pytest.approx(call + 2 * (1.5 - call) + (2.5 - call) + (1024 - 256) * 1e-3,
+                                   rel=1e-12)
+    # The json form keeps the measurements; a table without padding rows per length is refused.
+    d = table.to_json_dict()
+    assert latency.LatencyTable.from_json_dict(d) == table
+    del d["pad_seconds_L"]
+    with pytest.raises(ValueError, match="profile it again.*experiments.profile_latency"):
+        latency.LatencyTable.from_json_dict(d)
+
+
 def test_extrapolating_past_a_table_too_short_for_the_budget_names_file_and_command(tmp_path):
     # Longest length 64 tokens = 4 blocks of 16: at budget 4 the last segment already has every
     # query block past the first four attend to 4 blocks; at budget 8 it does not.
     table = latency.LatencyTable(device_kind="cpu", shape=SHAPE, lengths=(32, 64),
                                  budgets=(4, 8), seconds_LK=((1.0, 1.0), (2.0, 2.5)),
-                                 pad_seconds_per_token=1e-3)
+                                 pad_seconds_L=_pad((32, 64)))
     latency.save_table(str(tmp_path), table)
     model = latency.ProfiledLatencyModel.load(str(tmp_path), "cpu", SHAPE)
     assert model.predict([96], 4) == pytest.approx(3.0, rel=1e-12)
@@ -104,7 +133,7 @@ def test_table_time_never_falls_as_the_budget_rises():
     table = latency.LatencyTable(
         device_kind="cpu", shape=SHAPE, lengths=(16, 32, 64), budgets=(1, 2, 4),
         seconds_LK=((1.0, 0.5, 1.25), (2.0, 3.0, 2.2), (4.0, 3.0, 2.0)),
-        pad_seconds_per_token=1e-3)
+        pad_seconds_L=_pad((16, 32, 64)))
     assert table.seconds_LK == ((0.75, 0.75, 1.25), (2.0, 2.6, 2.6), (3.0, 3.0, 3.0))
     # Equal neighbours interpolate to exactly their value: the tuner compares such predictions.
     model = latency.ProfiledLatencyModel(table)
@@ -114,23 +143,16 @@ def test_table_time_never_falls_as_the_budget_rises():
     assert np.all(np.diff(at_K) >= 0)
 
 
-def test_checked_in_h200_tables_never_predict_less_time_at_a_larger_budget():
-    # 32 documents of 2 blocks: every budget >= 2 runs the same work. The blk256 table timed
-    # that work once per budget and read it 0.65-1.09 ms; read non-decreasing in the budget,
-    # the shard's prediction no longer falls and rises again as k moves (it read 20.7-30.1 ms
-    # over these budgets, lowest at 16).
-    from sparsebalance_jax.balance import tuner
-
-    shape = latency.LayerShape(896, 14, 2, 64, 4864, 256, kernels="moba_triton")
-    model = latency.ProfiledLatencyModel.load(TABLES, "NVIDIA H200", shape)
-    lengths_SMD = np.full((1, 1, 32), 512)
-    seconds_SK = tuner.shard_latency_table(lengths_SMD, model, 24, padded_tokens=16384,
-                                           budget_range=(11, 21))
-    assert np.all(np.diff(seconds_SK[0, 11:22]) >= 0)
-    for block in (256, 512):
-        shape = dataclasses.replace(shape, block_size=block)
-        seconds_LK = np.array(latency.load_table(TABLES, "NVIDIA H200", shape).seconds_LK)
-        assert np.all(np.diff(seconds_LK, axis=1) >= 0)
+def test_checked_in_tables_load_and_never_fall_as_the_budget_rises():
+    # The tables the GPU runs read: each separates a call's fixed part and rises with k.
+    files = sorted(f for f in os.listdir(TABLES) if f.endswith(".json"))
+    assert files, f"no latency table in {TABLES}"
+    for name in files:
+        with open(os.path.join(TABLES, name)) as f:
+            table = latency.LatencyTable.from_json_dict(json.load(f))
+        assert 0 <= table.call_seconds < np.min(table.seconds_LK), name
+        assert table.pad_seconds_per_token > 0, name
+        assert np.all(np.diff(np.array(table.seconds_LK), axis=1) >= 0), name
 
 
 @pytest.mark.parametrize("kind", ["analytic", "profiled", "profiled_one_budget"])
@@ -143,7 +165,7 @@ def test_predict_per_budget_is_predict_batch_at_each_budget(kind):
     else:
         one = latency.LatencyTable(device_kind="cpu", shape=SHAPE, lengths=(64, 128),
                                    budgets=(4,), seconds_LK=((1.0,), (3.0,)),
-                                   pad_seconds_per_token=1e-3)
+                                   pad_seconds_L=(0.5 + 64e-3, 0.5 + 128e-3))
         model, budgets_K = latency.ProfiledLatencyModel(one), np.array([4])
     lengths_BD = rng.integers(0, 700, size=(6, 5))  # zeros are padding entries
     lengths_BD[0] = 0  # an empty micro-batch
@@ -265,6 +287,8 @@ def test_profile_times_each_distinct_program_once_compiled(monkeypatch):
     # Lengths of 1, 2 and 4 blocks of 16; budgets past a length's blocks run its block count.
     table = profiling.profile_layer(model_cfg, attention_cfg, (16, 32, 64), (1, 2, 3, 4),
                                     repeats=1, log=lambda _: None)
-    assert timed == [1, 1, 2, 1, 2, 3, 4, 1]  # the last: the padding row
+    # Each length's distinct budgets, then its padding-only row (budget 1).
+    assert timed == [1, 1, 1, 2, 1, 1, 2, 3, 4, 1]
     s = table.seconds_LK
-    assert s[0] == (2.0,) * 4 and s[1] == (3.0, 4.0, 4.0, 4.0) and s[2] == (5.0, 6.0, 7.0, 8.0)
+    assert s[0] == (2.0,) * 4 and s[1] == (4.0, 5.0, 5.0, 5.0) and s[2] == (7.0, 8.0, 9.0, 10.0)
+    assert table.pad_seconds_L == (3.0, 6.0, 11.0)

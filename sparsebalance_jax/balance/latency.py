@@ -6,21 +6,26 @@ implementations, and the online per-shard correction.
 How documents combine (both implementations). A packed micro-batch of R rows x T tokens holding
 documents of lengths n_1..n_D costs
 
-    predict = sum_d doc_seconds(n_d, k) + pad_seconds_per_token * (R*T - sum_d n_d)
+    predict = call_seconds + sum_d doc_seconds(n_d, k) + pad_seconds_per_token * (R*T - sum_d n_d)
 
-`doc_seconds(n, k)` is the time of one document alone in a row of exactly n tokens (its dense
-layers plus its own MoBA attention: documents never attend across a boundary, so attention is
-per document and adds up); the dense layers also run over padding, priced per padding token.
-The padding term is the same for every layout with the same document tokens, so it changes
-imbalance ratios (every shard pays it) but not which assignment is best.
+`doc_seconds(n, k)` is what one document adds to the call (its dense layers plus its own MoBA
+attention: documents never attend across a boundary, so attention is per document and adds
+up); the dense layers also run over padding, priced per padding token; `call_seconds` is the
+call's fixed part (launch, synchronisation), paid once per micro-batch however many documents
+it packs. The padding and call terms are the same for every layout with the same document
+tokens, so they change imbalance ratios (every shard pays them) but not which assignment is
+best.
 
 - `AnalyticLatencyModel`: FLOP counts from the layer shape at assumed throughputs. Attention
   work of a document with nb = ceil(n / block) blocks is, per query block i, min(k, i + 1)
   key blocks (top-(k-1) earlier blocks plus its own), plus gate scoring of the i earlier blocks.
-- `ProfiledLatencyModel`: a table of measured doc_seconds(n, k) on one device and layer shape
+- `ProfiledLatencyModel`: a table of measured times of one layer on a row holding one
+  document of n tokens at budget k, and on rows of padding only, on one device and layer shape
   (made by `python -m experiments.profile_latency`; one JSON file per device kind and layer
   shape, the attention's kernels included, in a tables folder), bilinear interpolation in
-  (length, budget).
+  (length, budget). The padding rows' times, linear in the length, give the call's fixed part
+  (their intercept) and the padding's per-token cost (their slope); a document's
+  `doc_seconds` is its row's time less the fixed part.
 - `EmaCorrection`: per shard, an EMA of measured / predicted ratios that scales predictions
   (FLOP counts and even tables drift from the real step: launch overheads, the collective,
   thermal state), with a checkpointable state dict.
@@ -104,10 +109,11 @@ class LatencyModel(abc.ABC):
 
     block_size: int
     pad_seconds_per_token: float
+    call_seconds: float = 0.0  # Paid once per micro-batch (a call), not per document.
 
     @abc.abstractmethod
     def doc_seconds(self, lengths_N: np.ndarray, budget: np.ndarray | int) -> np.ndarray:
-        """Seconds of each document alone at its budget -> float64; the budget broadcasts
+        """Seconds each document adds to a call at its budget -> float64; the budget broadcasts
         against the lengths (scalar or [N] -> [N]; [K, 1] -> [K, N], every document at each of
         K budgets)."""
 
@@ -116,7 +122,7 @@ class LatencyModel(abc.ABC):
         """Seconds of one packed micro-batch; `padded_tokens` = R*T adds the padding term."""
         lengths_N = np.asarray(doc_lengths, dtype=np.int64)
         lengths_N = lengths_N[lengths_N > 0]
-        seconds = float(self.doc_seconds(lengths_N, budget).sum())
+        seconds = self.call_seconds + float(self.doc_seconds(lengths_N, budget).sum())
         if padded_tokens is not None:
             pad = padded_tokens - int(lengths_N.sum())
             if pad < 0:
@@ -134,7 +140,8 @@ class LatencyModel(abc.ABC):
         present = lengths_BD > 0
         seconds_BD = np.zeros(lengths_BD.shape, dtype=np.float64)
         seconds_BD[present] = self.doc_seconds(lengths_BD[present], budget_BD[present])
-        return seconds_BD.sum(axis=-1) + self._padding_seconds(lengths_BD, padded_tokens)
+        return (seconds_BD.sum(axis=-1) + self._padding_seconds(lengths_BD, padded_tokens)
+                + self.call_seconds)
 
     def predict_per_budget(self, doc_lengths_BD: np.ndarray, budgets_K: np.ndarray, *,
                            padded_tokens: int | None = None) -> np.ndarray:
@@ -150,7 +157,8 @@ class LatencyModel(abc.ABC):
         present_BD = lengths_BD > 0
         seconds_KBD = np.zeros((len(budgets_K1),) + lengths_BD.shape, dtype=np.float64)
         seconds_KBD[:, present_BD] = self.doc_seconds(lengths_BD[present_BD], budgets_K1)
-        return seconds_KBD.sum(axis=-1) + self._padding_seconds(lengths_BD, padded_tokens)
+        return (seconds_KBD.sum(axis=-1) + self._padding_seconds(lengths_BD, padded_tokens)
+                + self.call_seconds)
 
     def _padding_seconds(self, lengths_BD: np.ndarray,
                          padded_tokens: int | None) -> np.ndarray | float:
@@ -202,9 +210,14 @@ class AnalyticLatencyModel(LatencyModel):
 
 @dataclasses.dataclass(frozen=True)
 class LatencyTable:
-    """Measured seconds of one document alone in a row of exactly that length.
+    """Measured seconds of one layer on a row holding one document of exactly that length, and
+    on a row of padding only.
 
-    seconds_LK[i, j] is the time at lengths[i] and budgets[j] (both strictly increasing). Each
+    seconds_LK[i, j] is the time at lengths[i] and budgets[j] (both strictly increasing);
+    pad_seconds_L[i] the time of a padding-only row of lengths[i]. A line through the padding
+    rows' times (least squares) gives `call_seconds`, its intercept clipped to [0, the fastest
+    entry] - the fixed part of a call, which a packed micro-batch pays once, not once per
+    document - and `pad_seconds_per_token`, its slope. Each
     length's row is made non-decreasing in the budget on construction (`_non_decreasing`): a
     larger budget never does less work (a query attends to min(k, its blocks) blocks), so a
     dip is timing noise, and the tuner's scans rely on latency not falling as k rises (`tuner`,
@@ -217,7 +230,7 @@ class LatencyTable:
     lengths: tuple[int, ...]
     budgets: tuple[int, ...]
     seconds_LK: tuple[tuple[float, ...], ...]
-    pad_seconds_per_token: float
+    pad_seconds_L: tuple[float, ...]
 
     def __post_init__(self):
         if list(self.lengths) != sorted(set(self.lengths)) or self.lengths[0] <= 0:
@@ -229,6 +242,20 @@ class LatencyTable:
             raise ValueError(f"table seconds must be positive, shape "
                              f"{(len(self.lengths), len(self.budgets))}, got {arr.shape}")
         object.__setattr__(self, "seconds_LK", tuple(_non_decreasing(row) for row in arr))
+        pad_L = np.asarray(self.pad_seconds_L, dtype=np.float64)
+        if pad_L.shape != (len(self.lengths),) or not np.all(pad_L > 0):
+            raise ValueError(f"table pad_seconds_L must be positive, one per length "
+                             f"({len(self.lengths)}), got {pad_L.shape}")
+        lengths_L = np.asarray(self.lengths, dtype=np.float64)
+        if len(lengths_L) > 1:
+            slope, intercept = np.polyfit(lengths_L, pad_L, 1)
+        else:
+            slope, intercept = pad_L[0] / lengths_L[0], 0.0
+        call = float(np.clip(intercept, 0.0, min(arr.min(), pad_L.min())))
+        # Derived, not fields: to_json_dict writes the measurements only.
+        object.__setattr__(self, "call_seconds", call)
+        object.__setattr__(self, "pad_seconds_per_token",
+                           float(max(slope, 0.0)) if len(lengths_L) > 1 else float(slope))
 
     def to_json_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -237,11 +264,15 @@ class LatencyTable:
 
     @classmethod
     def from_json_dict(cls, d: Mapping[str, Any]) -> LatencyTable:
+        if "pad_seconds_L" not in d:
+            raise ValueError("the latency table was profiled before padding rows were timed at "
+                             "every length, so a call's fixed part cannot be told from a "
+                             f"document's time; profile it again (`{PROFILE_COMMAND}`)")
         return cls(device_kind=d["device_kind"], shape=LayerShape(**d["shape"]),
                    lengths=tuple(int(x) for x in d["lengths"]),
                    budgets=tuple(int(x) for x in d["budgets"]),
                    seconds_LK=tuple(tuple(float(x) for x in row) for row in d["seconds_LK"]),
-                   pad_seconds_per_token=float(d["pad_seconds_per_token"]))
+                   pad_seconds_L=tuple(float(x) for x in d["pad_seconds_L"]))
 
 
 def _non_decreasing(row: np.ndarray) -> tuple[float, ...]:
@@ -296,9 +327,12 @@ def _bracket(grid: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 class ProfiledLatencyModel(LatencyModel):
-    """Bilinear interpolation of a measured table.
+    """Bilinear interpolation of a measured table, less the table's per-call part.
 
-    In length: a zero-length document costs zero (a point added at n = 0), and past the longest
+    A document's `doc_seconds` is its row's interpolated time minus `call_seconds` (the table's
+    fixed part of a call), which `predict` adds back once per micro-batch. In length: a
+    zero-length document adds nothing (a point at n = 0 holding the call's part), and past the
+    longest
     profiled length the last segment extends linearly. That holds only where a document's
     blocks already exceed the budget at the longest length (from there every further query
     block attends to exactly k blocks, so MoBA attention per token is constant): a document
@@ -316,9 +350,11 @@ class ProfiledLatencyModel(LatencyModel):
         self.source = source or table_path("", table.device_kind, table.shape)
         self.block_size = table.shape.block_size
         self.pad_seconds_per_token = table.pad_seconds_per_token
+        self.call_seconds = table.call_seconds
         self._lengths = np.asarray((0,) + table.lengths, dtype=np.float64)
-        seconds_LK = np.asarray(table.seconds_LK, dtype=np.float64)
-        self._seconds_LK = np.concatenate([np.zeros((1, seconds_LK.shape[1])), seconds_LK])
+        # What each length adds to a call; the n = 0 row adds nothing.
+        added_LK = np.asarray(table.seconds_LK, dtype=np.float64) - table.call_seconds
+        self._seconds_LK = np.concatenate([np.zeros((1, added_LK.shape[1])), added_LK])
         self._budgets = np.asarray(table.budgets, dtype=np.float64)
 
     @classmethod

@@ -2,10 +2,10 @@
 
 Owns what is measured: the forward+backward time (gradients of the layer's parameters and
 input, as in training) of one `DecoderLayer` of the configured model on a single row holding
-one document of n tokens at budget k, for every (n, k) of a grid; and the padding cost, the
-same layer over a row of padding only (segment id 0), divided by its length. The row is the
-document itself (no padding), so the table entry is exactly `doc_seconds(n, k)` of
-`latency.LatencyModel`. Budgets are runtime data: one compile per length, at k_max = the
+one document of n tokens at budget k, for every (n, k) of a grid; and the same layer over a row
+of padding only (segment id 0) at every length, whose times - a fixed part plus a part per
+token - let `latency.LatencyTable` tell a call's fixed part from what a document adds (each
+entry holds both: the row is the document itself, one call). Budgets are runtime data: one compile per length, at k_max = the
 largest profiled budget, or the document's block count if smaller (the kernel's bound). A
 budget at or beyond a document's block count attends to all of its blocks: the same program on
 the same inputs, so it is timed once per length and every such budget gets that one time
@@ -58,7 +58,7 @@ def profile_layer(model_cfg: ModelConfig, attention_cfg: AttentionConfig,
     if list(lengths) != sorted(set(lengths)):
         raise ValueError(f"profile lengths {list(lengths)} must be strictly increasing")
     k_max = max(budgets)
-    seconds_LK = []
+    seconds_LK, pad_seconds_L = [], []
     for n in lengths:
         k_max_n = min(k_max, n // block)
         fwd_bwd, params, x_BTE, ones_BT = _layer_step(model_cfg, attention_cfg, k_max_n, n)
@@ -74,13 +74,15 @@ def profile_layer(model_cfg: ModelConfig, attention_cfg: AttentionConfig,
             log(f"length {n:>7} budget {k:>3}: {1e3 * row[-1]:9.3f} ms"
                 + ("" if runs == k else f" (runs budget {runs}: the document's blocks)"))
         seconds_LK.append(tuple(row))
-    # The last (longest) length's step is reused: same shape, only the segment ids differ.
-    n = lengths[-1]
-    pad_seconds = time_call(step, params, x_BTE, jnp.zeros_like(ones_BT),
-                            jnp.ones((1,), jnp.int32), repeats=repeats)
-    log(f"padding row of {n}: {1e3 * pad_seconds:9.3f} ms")
-    return LatencyTable(device_kind=jax.devices()[0].device_kind,
-                        shape=LayerShape.from_configs(model_cfg, attention_cfg),
-                        lengths=tuple(int(n) for n in lengths),
-                        budgets=tuple(int(k) for k in budgets), seconds_LK=tuple(seconds_LK),
-                        pad_seconds_per_token=pad_seconds / n)
+        # The same step on a row of padding only (the segment ids are data).
+        pad_seconds_L.append(time_call(step, params, x_BTE, jnp.zeros_like(ones_BT),
+                                       jnp.ones((1,), jnp.int32), repeats=repeats))
+        log(f"length {n:>7} padding only: {1e3 * pad_seconds_L[-1]:9.3f} ms")
+    table = LatencyTable(device_kind=jax.devices()[0].device_kind,
+                         shape=LayerShape.from_configs(model_cfg, attention_cfg),
+                         lengths=tuple(int(n) for n in lengths),
+                         budgets=tuple(int(k) for k in budgets), seconds_LK=tuple(seconds_LK),
+                         pad_seconds_L=tuple(pad_seconds_L))
+    log(f"a call's fixed part {1e3 * table.call_seconds:.3f} ms, padding "
+        f"{1e9 * table.pad_seconds_per_token:.2f} ns per token")
+    return table

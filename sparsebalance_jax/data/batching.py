@@ -313,8 +313,8 @@ def predicted_step_seconds(plan: WindowPlan, lengths_N: np.ndarray, geometry: St
                            cost_model: LatencyModel, base_budget: int) -> np.ndarray:
     """Predicted seconds float64 [num_steps, S]: each shard's micro-batches summed."""
     S, M = geometry.num_shards, geometry.micro_batches
-    seconds_TSM = np.full((plan.num_steps, S, M),
-                          geometry.bin_tokens * cost_model.pad_seconds_per_token)
+    seconds_TSM = np.full((plan.num_steps, S, M), cost_model.call_seconds
+                          + geometry.bin_tokens * cost_model.pad_seconds_per_token)
     marginal_N = (cost_model.doc_seconds(lengths_N, base_budget)
                   - np.asarray(lengths_N) * cost_model.pad_seconds_per_token)
     np.add.at(seconds_TSM, (plan.step_N, plan.shard_N, plan.micro_N), marginal_N)
