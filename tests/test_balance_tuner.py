@@ -16,7 +16,7 @@ from sparsebalance_jax.balance import latency, tuner
 
 H200_TABLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                           "latency_tables",
-                          "NVIDIA_H200__d896_h14_kv2_hd64_mlp4864_blk512_moba_triton.json")
+                          "NVIDIA_H200__d896_h14_kv2_hd64_mlp4864_blk512_moba_mosaic.json")
 
 BASE = 20
 BUCKETS = (8, 16, 24, 32)
@@ -383,7 +383,7 @@ _MODELS = {
     "profiled_h200": latency.ProfiledLatencyModel.load(
         os.path.dirname(H200_TABLE), "NVIDIA H200",
         latency.LayerShape(d_model=896, num_heads=14, num_kv_heads=2, head_dim=64, mlp_dim=4864,
-                           block_size=512, kernels="moba_triton")),
+                           block_size=512, kernels="moba_mosaic")),
 }
 
 

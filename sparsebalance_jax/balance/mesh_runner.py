@@ -71,16 +71,18 @@ class MeshRunner:
         self.param_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(self.params))
         self._timed = ShardTimedStep(cfg.model, cfg.attention, self.mesh, shardings, buckets)
         self._fused = FusedStep(cfg.model, cfg.attention, self.mesh, shardings, buckets)
-        self._coverage = coverage_probe(cfg, model)
+        # As simulate.DeviceRunner's: the decision's probe and the report's.
+        self._coverage = {"decision": coverage_probe(cfg, model),
+                          "report": coverage_probe(cfg, model, buckets[-1])}
 
     @property
     def compiles(self) -> int:
         return self._timed.compiles + self._fused.compiles
 
-    def shard_coverage(self, step_batch: dict[str, np.ndarray]) -> np.ndarray:
-        """Coverage float64 [S, k_max] of every shard's rows at every budget (token-weighted;
-        column k - 1: budget k)."""
-        return self._coverage(step_batch, self.params)
+    def shard_coverage(self, step_batch: dict[str, np.ndarray], use: str = "decision"
+                       ) -> np.ndarray:
+        """As simulate.DeviceRunner.shard_coverage."""
+        return self._coverage[use](step_batch, self.params)
 
     def measure_step(self, step_batch: dict[str, np.ndarray], budgets_S: np.ndarray,
                      bucket: int, setup: BenchSetup, used: set) -> dict[str, Any]:

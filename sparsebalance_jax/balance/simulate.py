@@ -177,7 +177,9 @@ class DeviceRunner:
                                            attention_cfg=cfg.attention),
                          static_argnames="k_max")
         self.cache = CompileCache(jitted, buckets)
-        self._coverage = coverage_probe(cfg, model)
+        # The decision's probe (budgets up to the base) and the report's (every bucket budget).
+        self._coverage = {"decision": coverage_probe(cfg, model),
+                          "report": coverage_probe(cfg, model, cfg.attention.budget_buckets[-1])}
 
     @property
     def compiles(self) -> int:
@@ -206,10 +208,12 @@ class DeviceRunner:
                     step_seconds=float(measured_S.max() + allreduce),
                     allreduce_seconds=allreduce)
 
-    def shard_coverage(self, step_batch: dict[str, np.ndarray]) -> np.ndarray:
-        """Coverage float64 [S, k_max] of every shard's rows at every budget (token-weighted;
-        column k - 1: budget k)."""
-        return self._coverage(step_batch, self.params)
+    def shard_coverage(self, step_batch: dict[str, np.ndarray], use: str = "decision"
+                       ) -> np.ndarray:
+        """Coverage float64 [S, K] of every shard's rows at every budget (token-weighted;
+        column k - 1: budget k) up to the base budget ("decision", the train loop's probe) or
+        the largest bucket ("report")."""
+        return self._coverage[use](step_batch, self.params)
 
 
 def _micro_batch(step_batch: dict[str, np.ndarray], s: int, m: int,
@@ -252,11 +256,9 @@ def run_method(method: Method, step_batches: list[dict[str, np.ndarray]], setup:
             budget_range=budget_bounds(setup.base_budget, config.p, config.k_max))
         decision = tuner.decide(setup.base_budget, seconds_SK, coverage=coverage)
         tuner_seconds = time.perf_counter() - start if method.dst else 0.0
+        coverage_S_K = runner.shard_coverage(batch, "report")  # report only: not timed
         coverage_seconds, coverage_calls = probe_seconds, len(curve)
-        # The chosen budgets' coverage, for the report only: a probe it adds is not timed.
-        if not curve:
-            curve.append(runner.shard_coverage(batch))
-        coverage_S = curve[0][np.arange(S), decision.budgets_S - 1]
+        coverage_S = coverage_S_K[np.arange(S), decision.budgets_S - 1]
 
         timing = runner.measure_step(batch, decision.budgets_S, decision.bucket, setup, used)
         runner_step_seconds = timing.pop("step_seconds")

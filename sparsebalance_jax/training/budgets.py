@@ -77,8 +77,8 @@ class DstBalancer:
     """
 
     def __init__(self, cfg, cost_model, coverage_fn, *, gather=None, first_shard: int = 0):
-        """`coverage_fn(step_batch, params)` -> [S_local, k_max] coverage of this process's
-        shards at every budget;
+        """`coverage_fn(step_batch, params)` -> [S_local, >= base budget] coverage of this
+        process's shards at every budget from 1;
         `gather` turns a process-local [S_local, ...] array into the job's [S, ...] (identity
         with one process); `first_shard` is this process's first data shard."""
         from sparsebalance_jax.balance.tuner import Tuner

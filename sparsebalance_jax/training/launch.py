@@ -83,20 +83,22 @@ def data_iterator(cfg: Config, cost_model, crop_counter=None):
         raise ConfigError(f"data.{e.field}: {e.message}") from None
 
 
-def coverage_probe(cfg: Config, model):
+def coverage_probe(cfg: Config, model, k_max: int | None = None):
     """(step_batch, params) -> float64 [S, k_max]: each shard's first-layer gate coverage at
-    every budget 1..k_max (column k - 1: budget k; k_max the largest bucket), from one device
-    call (`moba_coverage_curve`), its rows weighted by their non-padding tokens."""
+    every budget 1..k_max (column k - 1: budget k), from one device call
+    (`moba_coverage_curve`), its rows weighted by their non-padding tokens. k_max defaults to
+    the base budget, the largest the tuner's coverage floor weighs (it checks only cuts): the
+    gate's ranking then needs the top base - 1 blocks, not a sort of every block."""
     from pallas_kernels.moba import moba_coverage_curve
     from sparsebalance_jax.model import first_layer_qk
 
     a = cfg.attention
+    k_max = k_max or a.budget
 
     @jax.jit
     def rows_coverage(params, inputs_NT, segment_ids_NT, positions_NT):
         q, k = first_layer_qk(model, params, inputs_NT, positions_NT)
-        return moba_coverage_curve(q, k, segment_ids_NT, block_size=a.block_size,
-                                   k_max=a.budget_buckets[-1])
+        return moba_coverage_curve(q, k, segment_ids_NT, block_size=a.block_size, k_max=k_max)
 
     def per_shard(step_batch, params):
         s = step_batch["inputs"].shape[0]
