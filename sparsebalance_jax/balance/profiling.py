@@ -1,16 +1,17 @@
 """Profiling one decoder layer into a latency table (`LatencyTable`) on the current device.
 
-Owns what is measured: the forward+backward time (gradients of the layer's parameters and
-input, as in training) of one `DecoderLayer` of the configured model on a single row holding
-one document of n tokens at budget k, for every (n, k) of a grid; and the same layer over a row
-of padding only (segment id 0) at every length, whose times - a fixed part plus a part per
-token - let `latency.LatencyTable` tell a call's fixed part from what a document adds (each
-entry holds both: the row is the document itself, one call). Budgets are runtime data: one compile per length, at k_max = the
-largest profiled budget, or the document's block count if smaller (the kernel's bound). A
-budget at or beyond a document's block count attends to all of its blocks: the same program on
-the same inputs, so it is timed once per length and every such budget gets that one time
-(timing it again would only put noise, not a budget dependence, into the table). Each length's
-step is compiled before it is timed, so `time_call`'s warm-up calls all run the compiled code.
+Owns what is measured: the forward+backward time (gradients of the layer's parameters and input,
+as in training) of one `DecoderLayer` of the configured model on a single row holding one
+document of n tokens at budget k, for every (n, k) of a grid; and the same layer over a row of
+padding only (segment id 0) at every length, whose times - a fixed part plus a part per token -
+let `latency.LatencyTable` tell a call's fixed part from what a document adds (each entry holds
+both: the row is the document itself, one call). Budgets are runtime data: one compile per
+length, at k_max = the largest profiled budget, or the document's block count if smaller (the
+kernel's bound). A budget at or beyond a document's block count attends to all of its blocks:
+the same program on the same inputs, so it is timed once per length and every such budget gets
+that one time (timing it again would only put noise, not a budget dependence, into the table).
+Each length's step is compiled before it is timed, so `time_call`'s warm-up calls all run the
+compiled code.
 """
 
 from __future__ import annotations
