@@ -236,6 +236,9 @@ def run_method(method: Method, step_batches: list[dict[str, np.ndarray]], setup:
     padded = setup.rows_per_micro_batch * setup.row_len
     used: set = set()
     records = []
+    if method.dst and step_batches:
+        # Compiled before timing, as the step is: a decision's time is the probe's run alone.
+        runner.shard_coverage(step_batches[0])
     for t, batch in enumerate(step_batches):
         # The decision, timed whole: the latency table, the rule, and the coverage probe the
         # rule asks for (when it weighs lowering a shard), as the train loop pays it.
