@@ -24,8 +24,9 @@ from tests.test_sharding import F32
 SHARDS, MICRO, ROWS, SEQ = 4, 2, 2, 64
 
 
-def _pipeline_batch(rng):
-    """Pipeline layout [S, M, R, T], ragged budgets per shard."""
+def _pipeline_batch(rng, k_max):
+    """Pipeline layout [S, M, R, T], ragged budgets in [1, k_max] per shard (a budget past k_max
+    makes its row NaN)."""
     n = SHARDS * MICRO * ROWS
     tokens, seg, pos = packed_inputs(rng, n, SEQ, [0, 16, 48])
     shape = (SHARDS, MICRO, ROWS, SEQ)
@@ -34,7 +35,7 @@ def _pipeline_batch(rng):
                 loss_mask=(rng.random(shape) < 0.8).astype(np.float32),
                 segment_ids=np.asarray(seg).reshape(shape),
                 positions=np.asarray(pos).reshape(shape),
-                budgets=rng.integers(1, 5, (SHARDS, MICRO, ROWS)).astype(np.int32))
+                budgets=rng.integers(1, k_max + 1, (SHARDS, MICRO, ROWS)).astype(np.int32))
 
 
 @pytest.mark.parametrize("implementation", ["reference", "moba"])
@@ -43,7 +44,7 @@ def test_timed_step_makes_the_fused_update(implementation):
     cfg = dataclasses.replace(cfg, mesh=MeshConfig(SHARDS, 1, 1))
     mesh = make_mesh(cfg.mesh, jax.devices()[:SHARDS])
     model = Transformer(cfg.model, cfg.attention, cfg.k_max)
-    batch = _pipeline_batch(np.random.default_rng())
+    batch = _pipeline_batch(np.random.default_rng(), cfg.k_max)
 
     state, shardings = create_train_state(cfg, mesh, model, jax.random.key(0))
     params0 = jax.tree.map(np.asarray, state.params)
@@ -66,6 +67,8 @@ def test_timed_step_makes_the_fused_update(implementation):
     timed_state, metrics, shard_seconds = timed_step(cfg.k_max, state, placed)
     timed = jax.tree.map(lambda new, old: np.asarray(new) - old, timed_state.params, params0)
 
+    assert np.isfinite(float(fused_metrics["loss"]))
+    assert all(np.abs(u).max() > 0 for u in jax.tree.leaves(fused))  # the step moved all
     for key in ("loss", "tokens", "grad_norm"):
         np.testing.assert_allclose(float(metrics[key]), float(fused_metrics[key]), **F32)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, **F32), timed, fused)
@@ -259,7 +262,7 @@ def test_clocked_shard_program_matches_the_unclocked_one(monkeypatch):
     cfg = dataclasses.replace(tiny_config("reference"), mesh=MeshConfig(SHARDS, 1, 1))
     mesh = make_mesh(cfg.mesh, jax.devices()[:SHARDS])
     model = Transformer(cfg.model, cfg.attention, cfg.k_max)
-    batch = _pipeline_batch(np.random.default_rng())
+    batch = _pipeline_batch(np.random.default_rng(), cfg.k_max)
     runs = {}
     for clocked in (False, True):
         state, shardings = create_train_state(cfg, mesh, model, jax.random.key(0))

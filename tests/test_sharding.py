@@ -21,7 +21,8 @@ F32 = dict(rtol=2e-5, atol=2e-6)
 MESHES = [(1, 1, 1), (8, 1, 1), (2, 2, 2), (1, 4, 2), (4, 1, 2)]
 
 
-def _batch(rng, micro_batches=2, rows=8, seq_len=64):
+def _batch(rng, k_max, micro_batches=2, rows=8, seq_len=64):
+    """Packed rows with ragged budgets in [1, k_max] (a budget past k_max makes its row NaN)."""
     tokens, seg, pos = packed_inputs(rng, micro_batches * rows, seq_len, [0, 20, 50])
     shape = (micro_batches, rows, seq_len)
     return dict(inputs=np.asarray(tokens).reshape(shape),
@@ -29,7 +30,7 @@ def _batch(rng, micro_batches=2, rows=8, seq_len=64):
                 loss_mask=(rng.random(shape) < 0.8).astype(np.float32),
                 segment_ids=np.asarray(seg).reshape(shape),
                 positions=np.asarray(pos).reshape(shape),
-                budgets=rng.integers(1, 5, (micro_batches, rows)).astype(np.int32))
+                budgets=rng.integers(1, k_max + 1, (micro_batches, rows)).astype(np.int32))
 
 
 def _on_mesh(cfg, mesh_shape):
@@ -67,8 +68,9 @@ def _one_step(cfg, mesh_shape, batch):
                                                     ("moba", [MESHES[0], (2, 2, 2), (4, 1, 2)])])
 def test_loss_and_update_agree_across_meshes(implementation, meshes):
     cfg = tiny_config(implementation)
-    batch = _batch(np.random.default_rng())
+    batch = _batch(np.random.default_rng(), cfg.k_max)
     ref_loss, ref_norm, ref_update = _one_step(cfg, meshes[0], batch)
+    assert np.isfinite(ref_loss) and np.isfinite(ref_norm)
     assert all(np.abs(u).max() > 0 for u in jax.tree.leaves(ref_update))  # the step moved all
     for mesh_shape in meshes[1:]:
         if implementation == "moba":
@@ -98,7 +100,8 @@ def _compiled_step(mesh_shape, *, partitioned: bool = True, scan_layers: bool = 
     """The compiled step's HLO on a mesh; partitioned=False: no mesh given to the step, so
     XLA's SPMD partitioning alone places every collective."""
     cfg, mesh, _, state, shardings = _on_mesh(tiny_config(scan_layers=scan_layers), mesh_shape)
-    placed = jax.device_put(_batch(np.random.default_rng(), rows=4), batch_shardings(mesh))
+    placed = jax.device_put(_batch(np.random.default_rng(), cfg.k_max, rows=4),
+                            batch_shardings(mesh))
     with mesh_context(mesh):
         return jit_train_step(cfg.model, cfg.attention, shardings,
                               mesh if partitioned else None).lower(
