@@ -142,6 +142,7 @@ def assert_outputs_close(got_o, want_o, rows, args, *, block_size, bs):
   mag_o, _ = kernels.moba_forward_rows(q, layout, k, jnp.abs(v), seg, block_size=block_size,
                                        bs=bs, interpret=True)
   got, want, mag = (np.asarray(x, np.float32)[rows] for x in (got_o, want_o, mag_o))
+  assert np.isfinite(got).all() and np.isfinite(want).all()  # NaN would pass `over` below
   bound = 2 ** -7 * (np.abs(want) + mag) * (1 + 2 ** -5)
   over = np.abs(got - want) > bound
   assert not over.any(), (f"{over.sum()} of {over.size} outputs differ by more than bf16 "
@@ -189,7 +190,7 @@ def test_rows_match_triton_forward(hq, hkv, block_size, overlap, pingpong, block
   # A used item's padding rows hold rows of q too (which ones, _half_plans says).
   assert np.isfinite(np.asarray(got_q, np.float32)[item_rows_BGL]).all()
   np.testing.assert_allclose(np.asarray(got_lse)[real_BGL], np.asarray(want_lse)[real_BGL],
-                             rtol=1e-5, atol=1e-5)
+                             rtol=1e-5, atol=1e-5, equal_nan=False)
   assert_outputs_close(got_o, want_o, real_BGL, args, block_size=block_size, bs=tiles)
 
 
@@ -208,7 +209,7 @@ def test_forward_rescales_where_row_maxima_rise():
                                             block_kv=block_kv, num_ctas=3, interpret=True)
   _, real_BGL = used_item_rows(layout)
   np.testing.assert_allclose(np.asarray(got_lse)[real_BGL], np.asarray(want_lse)[real_BGL],
-                             rtol=1e-5, atol=1e-5)
+                             rtol=1e-5, atol=1e-5, equal_nan=False)
   assert_outputs_close(got_o, want_o, real_BGL, args, block_size=block_size, bs=tiles)
 
 
@@ -428,7 +429,7 @@ def test_persistent_full_items_match_triton_forward():
   real = np.repeat(np.asarray(layout.chunk_block_BGC) >= 0, 64, axis=-1) & (
       np.asarray(layout.row_seg_BGL) != 0)
   np.testing.assert_allclose(np.asarray(got_lse)[real], np.asarray(want_lse)[real],
-                             rtol=1e-5, atol=1e-5)
+                             rtol=1e-5, atol=1e-5, equal_nan=False)
   assert_outputs_close(got_o, want_o, real, args, block_size=block_size, bs=HOPPER)
 
 

@@ -225,6 +225,7 @@ def test_budget_change_does_not_recompile():
   assert backend_compiles(lambda: step(budgets[0])) >= 1
   outs = []
   assert backend_compiles(lambda: [outs.append(step(b)) for b in budgets[1:]]) == 0
+  assert np.isfinite(outs[0][1]).all() and np.isfinite(outs[1][1]).all()
   assert not np.allclose(outs[0][1], outs[1][1])
   # Called eagerly, a new budget compiles no more than the same budget again (interpret mode
   # compiles its kernels per eager call either way).
@@ -260,6 +261,7 @@ def test_chunk_wrongly_marked_full_changes_the_result():
                                               block_size=block_size, bs=bs, interpret=True)
   used = np.repeat(np.asarray(layout.chunk_block_BGC) >= 0, 16, axis=-1)
   right_o, wrong_o = np.asarray(run(layout)[0])[used], np.asarray(run(wrong)[0])[used]
+  assert np.isfinite(right_o).all() and np.isfinite(wrong_o).all()
   assert not np.allclose(right_o, wrong_o)
 
 
