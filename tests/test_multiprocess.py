@@ -104,6 +104,10 @@ def test_two_processes_match_one(tmp_path, flags):
         for key in ("loss", "grad_norm", "trained_tokens"):
             np.testing.assert_allclose(got[step][key], want[step][key], **F32,
                                        err_msg=f"step {step} {key}")
+        # Document tokens per second count every process's shards: the same tokens per step.
+        tokens = [m[step]["tokens_per_s"] * m[step]["step_time_s"] for m in (want, got)]
+        np.testing.assert_allclose(tokens[1], tokens[0], rtol=1e-9, err_msg=f"step {step}")
+        assert 0 < tokens[0] <= want[step]["row_tokens_per_s"] * want[step]["step_time_s"]
     if flags is MOBA_DST:  # every shard's budget logged, identical in both runs, some moved
         for step in want:
             keys = [f"budget/shard{i}" for i in range(4)]

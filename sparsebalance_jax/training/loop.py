@@ -64,6 +64,16 @@ def crop_scalars(counter) -> dict[str, float]:
     return dict(cropped_docs=float(counter.count), cropped_tokens=float(counter.tokens_removed))
 
 
+def _data_tokens(step_batch) -> int:
+    """The step's document tokens (segment id > 0) over every process's shards."""
+    local = int(np.count_nonzero(step_batch["segment_ids"]))
+    if jax.process_count() == 1:
+        return local
+    from jax.experimental import multihost_utils
+
+    return int(np.sum(multihost_utils.process_allgather(np.asarray(local, np.int64))))
+
+
 def train(cfg: Config, data_iterator, balancer, *, show_progress: bool = True,
           crop_counter=None) -> dict:
     """Runs (or resumes) training to `cfg.train.num_steps`; returns the final metrics.
@@ -95,13 +105,13 @@ def train(cfg: Config, data_iterator, balancer, *, show_progress: bool = True,
         start, state, tuner_state = restored
         balancer.set_state(tuner_state)
         print(f"resumed from step {start}" + "".join(f"\n  changed {c}" for c in changes))
+        if start >= cfg.train.num_steps:
+            print(f"nothing to train: the newest checkpoint is at step {start}, "
+                  f"train.num_steps is {cfg.train.num_steps}", flush=True)
     # Only once restored: a run.json naming a config that could not resume would refuse the
     # config that wrote the checkpoints.
     if jax.process_index() == 0:
         checkpoint.record_run_config(cfg.train.workdir, cfg)
-        if start >= cfg.train.num_steps:
-            print(f"nothing to train: the newest checkpoint is at step {start}, "
-                  f"train.num_steps is {cfg.train.num_steps}", flush=True)
     logger = MetricsLogger(cfg.train.workdir, enabled=jax.process_index() == 0)
     schedule = learning_rate_schedule(cfg.optimizer, cfg.train.num_steps)
     row_tokens = cfg.num_data_shards * cfg.data.micro_batches * cfg.data.rows_per_micro_batch * \
@@ -119,7 +129,7 @@ def train(cfg: Config, data_iterator, balancer, *, show_progress: bool = True,
                 raise ValueError(f"step {step + 1}: budgets {np.unique(decision.budgets)} "
                                  f"(largest per-layer budget {largest}) outside "
                                  f"[1, bucket {decision.bucket}]")
-            data_tokens = int(np.count_nonzero(step_batch["segment_ids"]))
+            data_tokens = _data_tokens(step_batch)
             step_batch = dict(step_batch, budgets=decision.budgets)
             batch = global_batch(steps.batch_shardings, steps.layout(step_batch))
             t0 = time.perf_counter()
