@@ -74,6 +74,12 @@ class DataSpec:
         unknown = set(self.synthetic_tasks) - set(sources.SYNTHETIC_TASKS)
         _require(not unknown, "synthetic_tasks",
                  f"unknown {sorted(unknown)}; known {sources.SYNTHETIC_TASKS}")
+        if self.synthetic_weight > 0:  # Fail at start, not in a reader thread mid-run.
+            for task in self.synthetic_tasks:
+                smallest = sources.min_synthetic_tokens(task)
+                _require(smallest <= self.max_doc_len, "synthetic_tasks",
+                         f"task {task!r} needs ~{smallest} tokens, more than max_doc_len="
+                         f"{self.max_doc_len}: cropping would cut its facts")
         _require(self.length_distribution in lengths.LENGTH_KINDS, "length_distribution",
                  f"{self.length_distribution!r} not in {lengths.LENGTH_KINDS}")
         _require(self.length_scale > 0, "length_scale", f"must be > 0, got {self.length_scale}")
@@ -127,13 +133,8 @@ def _jsonl_document(turns, tokenizer_kind: str) -> Document:
 
 def document_dataset(spec: DataSpec, seed: int, *,
                      crop_counter: CropCounter | None = None) -> grain.MapDataset:
-    """Unbounded, deterministic, random-access MapDataset of documents (see module doc)."""
-    if spec.synthetic_weight > 0:  # Fail at start, not in a reader thread mid-run.
-        for task in spec.synthetic_tasks:
-            smallest = sources.min_synthetic_tokens(task)
-            _require(smallest <= spec.max_doc_len, "synthetic_tasks",
-                     f"task {task!r} needs ~{smallest} tokens, more than max_doc_len="
-                     f"{spec.max_doc_len}: cropping would cut its facts")
+    """Unbounded, deterministic, random-access MapDataset of documents (see module doc); a
+    synthetic task too long for max_doc_len was refused when `spec` was made."""
     parts, weights = [], []
     for tag, weight in ((_TEXT, spec.text_weight), (_SYNTHETIC, spec.synthetic_weight)):
         if weight > 0:
