@@ -408,9 +408,10 @@ class _BatcherIterator(grain.DatasetIterator):
         self._plan = plan_window(self._ds.method, lengths_N, self._ds.geometry,
                                  self._ds.cost_model, self._ds.base_budget, rng, self._ds.fill)
 
-    def _next_window(self) -> None:
+    def _next_window(self, finished_docs: int) -> None:
+        """Reads and plans the window after the current one, which held `finished_docs`."""
         self._window_index += 1
-        self._docs_before += len(self._docs)
+        self._docs_before += finished_docs
         self._emitted = 0
         self._read_window()
 
@@ -418,7 +419,7 @@ class _BatcherIterator(grain.DatasetIterator):
         if self._docs is None:
             self._read_window()
         elif self._plan is not None and self._emitted >= self._plan.num_steps:
-            self._next_window()
+            self._next_window(len(self._docs))
         if self._plan is None:
             raise StopIteration
         ids = range(self._docs_before, self._docs_before + len(self._docs))
@@ -454,8 +455,7 @@ class _BatcherIterator(grain.DatasetIterator):
                     "Resume with the saved settings, or from a checkpoint at a window's end")
             for _ in range(docs):  # The finished window's documents, then the next window.
                 next(self._parent)
-            self._docs = [None] * docs
-            self._next_window()
+            self._next_window(docs)
             return
         self._read_window()
         if self._plan is not None and emitted > self._plan.num_steps:
