@@ -179,24 +179,34 @@ def selection_from_picks(idx_BTGK, found_BTGK, segment_ids_BT, budget_B, *, bloc
 def select_blocks(scores_BTGN, segment_ids_BT, budget_B, *, block_size: int, k_max: int
                   ) -> MobaSelection:
   """Top-(k_b - 1) eligible blocks + own block, and coverage, from gate scores."""
-  b, t, g, n = scores_BTGN.shape
-  eligible_BTGN = jnp.isfinite(scores_BTGN)
+  n = scores_BTGN.shape[-1]
   top_BTGK, idx_BTGK = _top_k(scores_BTGN, k_max - 1)
   found_BTGK = jnp.isfinite(top_BTGK)
   sel = selection_from_picks(idx_BTGK, found_BTGK, segment_ids_BT, budget_B,
                              block_size=block_size, num_blocks=n)
-  chosen_BTGK = sel.selected_BTGK[..., 1:] < n
-  # Softmax mass of the chosen blocks over all eligible ones.
+  # Each token's coverage at its row's budget (a budget out of range: moba_gate's NaN).
+  at_B111 = (jnp.clip(budget_B, 1, k_max) - 1)[:, None, None, None]
+  coverage_BTG = jnp.take_along_axis(_coverage_by_budget(scores_BTGN, top_BTGK, k_max), at_B111,
+                                     axis=-1)[..., 0]
+  return dataclasses.replace(sel, coverage_BTG=coverage_BTG.astype(jnp.float32))
+
+
+def _coverage_by_budget(scores_BTGN, top_BTGK, k_max: int) -> jax.Array:
+  """Each (token, KV group)'s coverage at every budget 1..k_max [B, T, G, k_max] (column j:
+  budget j + 1): the softmax mass of its j highest eligible blocks (top_BTGK, ranked) over all
+  of its eligible ones, a running sum down the ranking; exactly 1 once every eligible block is
+  chosen, or when none is eligible."""
+  eligible_BTGN = jnp.isfinite(scores_BTGN)
   mx_BTG = jnp.max(scores_BTGN, axis=-1)
   mx_BTG = jnp.where(jnp.isfinite(mx_BTG), mx_BTG, 0.0)
-  e_BTGN = jnp.where(eligible_BTGN, jnp.exp(scores_BTGN - mx_BTG[..., None]), 0.0)
-  e_top_BTGK = jnp.where(chosen_BTGK, jnp.exp(top_BTGK - mx_BTG[..., None]), 0.0)
-  total_BTG = e_BTGN.sum(-1)
-  coverage_BTG = jnp.where(total_BTG > 0, e_top_BTGK.sum(-1) / jnp.maximum(total_BTG, 1e-30), 1.0)
-  # Exact 1.0 when everything eligible was chosen (no rounding slack).
-  all_chosen_BTG = chosen_BTGK.sum(-1) == eligible_BTGN.sum(-1)
-  coverage_BTG = jnp.where(all_chosen_BTG, 1.0, jnp.clip(coverage_BTG, 0.0, 1.0))
-  return dataclasses.replace(sel, coverage_BTG=coverage_BTG.astype(jnp.float32))
+  total_BTG = jnp.where(eligible_BTGN, jnp.exp(scores_BTGN - mx_BTG[..., None]), 0.0).sum(-1)
+  e_top_BTGK = jnp.where(jnp.isfinite(top_BTGK), jnp.exp(top_BTGK - mx_BTG[..., None]), 0.0)
+  # Budget 1 chooses no block: mass 0. Budget k: the first k - 1 ranked blocks.
+  mass_BTGK = jnp.concatenate([jnp.zeros_like(total_BTG)[..., None],
+                               jnp.cumsum(e_top_BTGK, axis=-1)], -1)
+  cov_BTGK = jnp.clip(mass_BTGK / jnp.maximum(total_BTG, 1e-30)[..., None], 0.0, 1.0)
+  all_BTGK = jnp.arange(k_max) >= eligible_BTGN.sum(-1)[..., None]  # no rounding slack
+  return jnp.where(all_BTGK | (total_BTG <= 0)[..., None], 1.0, cov_BTGK)
 
 
 def validate_shapes(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, budget_B, *, block_size: int,
@@ -283,20 +293,8 @@ def moba_coverage_curve(q_BTHD, k_BTKD, segment_ids_BT, *, block_size: int, k_ma
                   block_size=block_size, k_max=k_max)
   q_BTHD, k_BTKD = lax.stop_gradient(q_BTHD), lax.stop_gradient(k_BTKD)
   scores_BTGN = gate_scores(q_BTHD, k_BTKD, segment_ids_BT, block_size=block_size)
-  eligible_BTGN = jnp.isfinite(scores_BTGN)
   top_BTGK, _ = _top_k(scores_BTGN, k_max - 1)
-  mx_BTG = jnp.max(scores_BTGN, axis=-1)
-  mx_BTG = jnp.where(jnp.isfinite(mx_BTG), mx_BTG, 0.0)
-  total_BTG = jnp.where(eligible_BTGN, jnp.exp(scores_BTGN - mx_BTG[..., None]), 0.0).sum(-1)
-  e_top_BTGK = jnp.where(jnp.isfinite(top_BTGK), jnp.exp(top_BTGK - mx_BTG[..., None]), 0.0)
-  # Budget 1 chooses no block: mass 0. Budget k: the first k - 1 ranked blocks.
-  mass_BTGK = jnp.concatenate([jnp.zeros_like(total_BTG)[..., None],
-                               jnp.cumsum(e_top_BTGK, axis=-1)], -1)
-  cov_BTGK = jnp.clip(mass_BTGK / jnp.maximum(total_BTG, 1e-30)[..., None], 0.0, 1.0)
-  # Exactly 1 once every eligible block is chosen, or when none is eligible (as moba_gate).
-  chosen_K = jnp.arange(k_max)
-  all_BTGK = chosen_K >= eligible_BTGN.sum(-1)[..., None]
-  cov_BTGK = jnp.where(all_BTGK | (total_BTG <= 0)[..., None], 1.0, cov_BTGK)
+  cov_BTGK = _coverage_by_budget(scores_BTGN, top_BTGK, k_max)
   nonpad_BT = segment_ids_BT != 0
   cov_BTK = jnp.where(nonpad_BT[..., None], cov_BTGK.mean(2), 1.0)
   return _row_mean(cov_BTK, segment_ids_BT).astype(jnp.float32)
