@@ -108,6 +108,8 @@ def _config():
     raw.data.micro_batches = _MICRO.value
     raw.data.rows_per_micro_batch = _ROWS.value
     raw.data.seed = _SEED.value
+    # Text documents only (the workloads set their lengths).
+    raw.data.text_weight, raw.data.synthetic_weight, raw.data.jsonl_weight = 1.0, 0.0, 0.0
     raw.balance.raise_within_bucket = _RAISE_IN_BUCKET.value
     return config_lib.from_config_dict(raw)
 
@@ -188,8 +190,7 @@ def main(argv):
     results = {}
     for workload in _WORKLOADS.value:
         spec = dataclasses.replace(data_spec(cfg), length_distribution=workload,
-                                   length_scale=_SEQ_LEN.value / _LONGEST_UNSCALED,
-                                   text_weight=1.0, synthetic_weight=0.0, jsonl_weight=0.0)
+                                   length_scale=_SEQ_LEN.value / _LONGEST_UNSCALED)
         results[workload] = simulate.run_workload(spec, setup, runner, cost_model,
                                                   _BLOCK.value, log)
     settings["compiles_total"] = runner.compiles
