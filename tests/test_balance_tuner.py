@@ -414,3 +414,17 @@ def test_step_decision_matches_the_per_unit_per_budget_reference(model_name, ste
                                   [want_SK[s, base] * ratio_S[s] for s in units])
     np.testing.assert_array_equal(d.predicted_after_S,
                                   [want_SK[s, want_S[s]] * ratio_S[s] for s in units])
+
+
+def test_lazy_coverage_probes_once_and_only_when_asked():
+    calls = []
+
+    def probe():
+        calls.append(1)
+        return np.array([[0.2, 0.6, 0.9], [0.1, 0.5, 1.0]])
+
+    unasked = tuner.LazyCoverage(probe)
+    assert unasked.curve is None and unasked.seconds == 0.0 and not calls
+    coverage = tuner.LazyCoverage(probe)
+    assert coverage(0, 2) == 0.6 and coverage(1, 3) == 1.0 and coverage(1, 1) == 0.1
+    assert len(calls) == 1 and coverage.curve.shape == (2, 3) and coverage.seconds > 0

@@ -62,7 +62,7 @@ import numpy as np
 from sparsebalance_jax.balance.compile_cache import CompileCache
 from sparsebalance_jax.balance.latency import LatencyModel
 from sparsebalance_jax.balance.timing import time_call
-from sparsebalance_jax.balance.tuner import (Tuner, TunerConfig, budget_bounds,
+from sparsebalance_jax.balance.tuner import (LazyCoverage, Tuner, TunerConfig, budget_bounds,
                                              shard_latency_table)
 from sparsebalance_jax.config import AttentionConfig, Config, ModelConfig
 from sparsebalance_jax.data import batching
@@ -242,17 +242,7 @@ def run_method(method: Method, step_batches: list[dict[str, np.ndarray]], setup:
     for t, batch in enumerate(step_batches):
         # The decision, timed whole: the latency table, the rule, and the coverage probe the
         # rule asks for (when it weighs lowering a shard), as the train loop pays it.
-        curve: list[np.ndarray] = []  # [S, k_max]
-        probe_seconds = 0.0
-
-        def coverage(s: int, k: int) -> float:
-            nonlocal probe_seconds
-            if not curve:
-                start = time.perf_counter()
-                curve.append(runner.shard_coverage(batch))
-                probe_seconds += time.perf_counter() - start
-            return float(curve[0][s, k - 1])
-
+        coverage = LazyCoverage(lambda: runner.shard_coverage(batch))
         start = time.perf_counter()
         seconds_SK = shard_latency_table(
             batch["doc_lengths"], cost_model, config.k_max, padded_tokens=padded,
@@ -260,7 +250,7 @@ def run_method(method: Method, step_batches: list[dict[str, np.ndarray]], setup:
         decision = tuner.decide(setup.base_budget, seconds_SK, coverage=coverage)
         tuner_seconds = time.perf_counter() - start if method.dst else 0.0
         coverage_S_K = runner.shard_coverage(batch, "report")  # report only: not timed
-        coverage_seconds, coverage_calls = probe_seconds, len(curve)
+        coverage_seconds, coverage_calls = coverage.seconds, int(coverage.curve is not None)
         coverage_S = coverage_S_K[np.arange(S), decision.budgets_S - 1]
 
         timing = runner.measure_step(batch, decision.budgets_S, decision.bucket, setup, used)

@@ -138,6 +138,25 @@ def _as_coverage_fn(coverage: np.ndarray | CoverageFn | None) -> CoverageFn | No
     return fn
 
 
+class LazyCoverage:
+    """A CoverageFn over one probe of every unit at every budget (`probe()` -> [units, K],
+    column k - 1: budget k), made on the first question - the rule asks only when it weighs
+    lowering a unit, so a step that weighs none makes no probe. `curve` holds the probe's
+    result (None if none was made), `seconds` its time."""
+
+    def __init__(self, probe: Callable[[], np.ndarray]):
+        self._probe = probe
+        self.curve: np.ndarray | None = None
+        self.seconds = 0.0
+
+    def __call__(self, unit: int, budget: int) -> float:
+        if self.curve is None:
+            start = time.perf_counter()
+            self.curve = np.asarray(self._probe(), np.float64)
+            self.seconds = time.perf_counter() - start
+        return float(self.curve[unit, budget - 1])
+
+
 def _floor_budget(coverage_fn: CoverageFn | None, unit: int, floor: float, lo: int,
                   base: int) -> int:
     """Smallest budget in [lo, base] meeting the coverage floor (base if none below it does)."""

@@ -94,7 +94,8 @@ class DstBalancer:
         self._padded_tokens = cfg.data.rows_per_micro_batch * cfg.data.seq_len
 
     def decide(self, step_batch: dict, params) -> BudgetDecision:
-        from sparsebalance_jax.balance.tuner import budget_bounds, shard_latency_table
+        from sparsebalance_jax.balance.tuner import (LazyCoverage, budget_bounds,
+                                                     shard_latency_table)
 
         start = time.perf_counter()
         # Every process decides for every shard from the same gathered inputs, so all reach the
@@ -103,15 +104,10 @@ class DstBalancer:
             self._gather(step_batch["doc_lengths"]), self._cost_model, self._k_max,
             self._padded_tokens,
             budget_range=budget_bounds(self._base, self._tuner.config.p, self._k_max))
-        curve: list[np.ndarray] = []  # [S, k_max], probed on the first question
-
-        def coverage(unit: int, budget: int) -> float:
-            if not curve:
-                curve.append(self._gather(np.asarray(self._coverage_fn(step_batch, params))))
-            return float(curve[0][unit, budget - 1])
-
+        coverage = LazyCoverage(
+            lambda: self._gather(np.asarray(self._coverage_fn(step_batch, params))))
         d = self._tuner.decide(self._base, seconds_SK, coverage)
-        cov_S = curve[0][:, self._base - 1] if curve else None
+        cov_S = coverage.curve[:, self._base - 1] if coverage.curve is not None else None
         local_S = d.budgets_S[self._first_shard:self._first_shard + len(step_batch["budgets"])]
         budgets_SMR = np.broadcast_to(local_S[:, None, None],
                                       step_batch["budgets"].shape).astype(np.int32)

@@ -81,8 +81,7 @@ def coverage_probe(cfg: Config, model, k_max: int | None = None):
     """(step_batch, params) -> float64 [S, k_max]: each shard's first-layer gate coverage at
     every budget 1..k_max (column k - 1: budget k), from one device call
     (`moba_coverage_curve`), its rows weighted by their non-padding tokens. k_max defaults to
-    the base budget, the largest the tuner's coverage floor weighs (it checks only cuts): the
-    gate's ranking then needs the top base - 1 blocks, not a sort of every block."""
+    the base budget, the largest the tuner's coverage floor weighs (it checks only cuts)."""
     from pallas_kernels.moba import moba_coverage_curve
     from sparsebalance_jax.model import first_layer_qk
 
