@@ -217,12 +217,10 @@ class LatencyTable:
     pad_seconds_L[i] the time of a padding-only row of lengths[i]. A line through the padding
     rows' times (least squares) gives `call_seconds`, its intercept clipped to [0, the fastest
     entry] - the fixed part of a call, which a packed micro-batch pays once, not once per
-    document - and `pad_seconds_per_token`, its slope. Each
-    length's row is made non-decreasing in the budget on construction (`_non_decreasing`): a
-    larger budget never does less work (a query attends to min(k, its blocks) blocks), so a
-    dip is timing noise, and the tuner's scans rely on latency not falling as k rises (`tuner`,
-    rule 2). Tables profiled before `profiling` timed a length's budgets past its block count
-    once hold such noise: the same work at several budgets, read up to 70% apart at one block.
+    document - and `pad_seconds_per_token`, its slope. Each length's row is made
+    non-decreasing in the budget on construction (`_non_decreasing`): a larger budget never
+    does less work (a query attends to min(k, its blocks) blocks), so a dip is timing noise,
+    and the tuner's scans rely on latency not falling as k rises (`tuner`, rule 2).
     """
 
     device_kind: str
@@ -254,8 +252,7 @@ class LatencyTable:
         call = float(np.clip(intercept, 0.0, min(arr.min(), pad_L.min())))
         # Derived, not fields: to_json_dict writes the measurements only.
         object.__setattr__(self, "call_seconds", call)
-        object.__setattr__(self, "pad_seconds_per_token",
-                           float(max(slope, 0.0)) if len(lengths_L) > 1 else float(slope))
+        object.__setattr__(self, "pad_seconds_per_token", float(max(slope, 0.0)))
 
     def to_json_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -331,9 +328,8 @@ class ProfiledLatencyModel(LatencyModel):
 
     A document's `doc_seconds` is its row's interpolated time minus `call_seconds` (the table's
     fixed part of a call), which `predict` adds back once per micro-batch. In length: a
-    zero-length document adds nothing (a point at n = 0 holding the call's part), and past the
-    longest
-    profiled length the last segment extends linearly. That holds only where a document's
+    zero-length document adds nothing (a point added at n = 0), and past the longest profiled
+    length the last segment extends linearly. That holds only where a document's
     blocks already exceed the budget at the longest length (from there every further query
     block attends to exactly k blocks, so MoBA attention per token is constant): a document
     longer than the table at a budget k with lengths[-1] < k x block_size is an error naming
