@@ -24,6 +24,11 @@ def _unknown_override(argv, error: Exception) -> tuple[str, str] | None:
     return None
 
 
+def _stop(message: str) -> None:
+    print(f"config error: {message}", file=sys.stderr, flush=True)
+    sys.exit(2)
+
+
 def _parse_flags(argv):
     try:
         return app.parse_flags_with_usage(argv)
@@ -32,9 +37,8 @@ def _parse_flags(argv):
         if found is None:
             raise
         override, hint = found
-        print(f"config error: {override.removeprefix('--config.')}: the config has no such "
-              f"field ({override}){' - ' + hint if hint else ''}", file=sys.stderr, flush=True)
-        sys.exit(2)
+        _stop(f"{override.removeprefix('--config.')}: the config has no such field "
+              f"({override}){' - ' + hint if hint else ''}")
 
 
 def run(main) -> None:
@@ -42,7 +46,6 @@ def run(main) -> None:
         try:
             return main(argv)
         except ConfigError as e:
-            print(f"config error: {e}", file=sys.stderr, flush=True)
-            sys.exit(2)
+            _stop(str(e))
 
     app.run(checked, flags_parser=_parse_flags)
