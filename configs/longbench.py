@@ -123,6 +123,9 @@ def get_config(preset: str = "auto") -> ml_collections.ConfigDict:
     b.anchor = "mean"  # Latency anchor: mean, min or max of the shards' predictions.
     b.p = 0.3  # Largest budget change: p x base budget, rounded up to whole blocks.
     b.coverage_floor = 0.5  # Keep at least this share of the gate's score mass per shard.
+    # The floor's coverage probe scores the queries of every probe_stride-th token only (a
+    # systematic sample; about 1/stride of its query-side work). 1: every token.
+    b.probe_stride = 8
     b.latency_model = "analytic"  # analytic (FLOP counts) or profiled (measured table, below).
     b.latency_table = "latency_tables"  # Folder of profiled tables, one per device and shape.
     # EMA decay of the per-shard measured/predicted correction; it is fed where per-shard times

@@ -107,6 +107,7 @@ class BalanceConfig:
     anchor: str
     p: float
     coverage_floor: float
+    probe_stride: int
     latency_model: str
     latency_table: str
     ema_decay: float
@@ -335,6 +336,9 @@ def validate(cfg: Config, device_count: int | None = None) -> None:
              f"(set --config.balance.dst=False)")
     _require(0.0 <= cfg.balance.coverage_floor <= 1.0, "balance.coverage_floor",
              "must be in [0, 1]")
+    _require(1 <= cfg.balance.probe_stride <= a.block_size, "balance.probe_stride",
+             f"{cfg.balance.probe_stride} must be in [1, attention.block_size={a.block_size}] "
+             "(a stride past a block leaves blocks without a sampled query)")
     _require(cfg.balance.latency_model in ("analytic", "profiled"), "balance.latency_model",
              f"{cfg.balance.latency_model!r} not in ('analytic', 'profiled')")
     _require(0.0 <= cfg.balance.ema_decay < 1.0, "balance.ema_decay", "must be in [0, 1)")

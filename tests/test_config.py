@@ -34,6 +34,8 @@ def test_presets_are_valid():
     (dict(model__num_heads=5), "model.num_heads"),
     (dict(data__batcher="fifo"), "data.batcher"),
     (dict(balance__anchor="median"), "balance.anchor"),
+    (dict(balance__probe_stride=0), "balance.probe_stride"),
+    (dict(balance__probe_stride=10_000), "balance.probe_stride"),
     (dict(model__vocab_size=256), "model.vocab_size"),
     (dict(mesh__fsdp=3), "mesh.fsdp"),
     (dict(optimizer__warmup_steps=-1), "optimizer.warmup_steps"),

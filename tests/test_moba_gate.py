@@ -114,6 +114,40 @@ def test_coverage_curve_is_the_coverage_at_every_budget():
   assert np.all(curve[[0, 2], 1] < 0.99), "budget 2 should leave unchosen mass"
 
 
+@pytest.mark.parametrize("stride", [3, 16])
+def test_coverage_curve_over_strided_queries_is_their_mean(stride):
+  """With query_stride s, the curve is the mean of moba_gate's per-token coverage over the
+  non-padding tokens 0, s, 2s, ... (q given at those tokens only), at every budget - a stride
+  that does not divide T included - for one document, packed documents and padding."""
+  rng = np.random.default_rng()
+  q = jnp.asarray(rng.standard_normal((3, 128, 4, 16)), jnp.float32)
+  k = jnp.asarray(rng.standard_normal((3, 128, 2, 16)), jnp.float32)
+  seg = jnp.stack([jnp.ones((128,), jnp.int32),
+                   packed_segments(rng, 1, 128, 16, aligned=False)[0],
+                   jnp.where(jnp.arange(128) < 72, 1, 0).astype(jnp.int32)])
+  k_max = 8
+  curve = np.asarray(gating.moba_coverage_curve(q[:, ::stride], k, seg, block_size=16,
+                                                k_max=k_max, query_stride=stride))
+  sampled = np.asarray(seg)[:, ::stride] != 0
+  for budget in range(1, k_max + 1):
+    sel = moba_gate(q, k, seg, jnp.full((3,), budget, jnp.int32), block_size=16, k_max=k_max)
+    per_token = np.asarray(sel.coverage_BTG, np.float64).mean(-1)[:, ::stride]
+    want = (per_token * sampled).sum(1) / sampled.sum(1)
+    np.testing.assert_allclose(curve[:, budget - 1], want, rtol=1e-5, atol=1e-6,
+                               err_msg=f"budget {budget}")
+  assert curve[0, 1] < 0.99, "budget 2 should leave unchosen mass"
+
+
+def test_coverage_curve_checks_the_strided_query_length():
+  rng = np.random.default_rng()
+  q, k = _inputs(rng, b=1)
+  seg = jnp.ones((1, 128), jnp.int32)
+  with pytest.raises(ValueError, match="query_stride=4 over T=128 takes 32"):
+    gating.moba_coverage_curve(q, k, seg, block_size=16, k_max=3, query_stride=4)
+  with pytest.raises(ValueError, match="query_stride must be >= 1"):
+    gating.moba_coverage_curve(q, k, seg, block_size=16, k_max=3, query_stride=0)
+
+
 @pytest.mark.parametrize("bad, match", [
     (dict(t=120), "multiple of block_size"),
     (dict(hq=3), "Hq % Hkv"),

@@ -108,6 +108,71 @@ def test_causal_and_no_cross_document_dependence(implementation):
     assert np.all(norms[40:q + 1] > 0.0)
 
 
+@pytest.mark.parametrize("stride", [1, 5])
+def test_first_layer_qk_are_the_first_layers_gate_inputs(monkeypatch, stride):
+    """first_layer_qk (the DST coverage probe's inputs) gives the q and k that the first
+    layer's attention receives, q at every stride-th token."""
+    from sparsebalance_jax.model import first_layer_qk
+    from sparsebalance_jax.model import transformer
+
+    cfg = tiny_config("moba", scan_layers=False)
+    model = Transformer(cfg.model, cfg.attention, cfg.k_max)
+    rng = np.random.default_rng()
+    tokens, seg, pos = packed_inputs(rng, 2, 64, [0, 40])
+    budget = jnp.full((2,), 2, jnp.int32)
+    params = nn.meta.unbox(model.init(jax.random.key(0), tokens, seg, pos, budget)["params"])
+    seen = []
+
+    def recording(q_BTHD, k_BTKD, *args, **kwargs):
+        jax.debug.callback(lambda q, k: seen.append((np.asarray(q), np.asarray(k))), q_BTHD,
+                           k_BTKD, ordered=True)
+        return attention_op(q_BTHD, k_BTKD, *args, **kwargs)
+
+    attention_op = transformer.attention_op
+    monkeypatch.setattr(transformer, "attention_op", recording)
+    jax.block_until_ready(model.apply({"params": params}, tokens, seg, pos, budget))
+    jax.effects_barrier()
+    assert len(seen) == cfg.model.num_layers
+    q_BSHD, k_BTKD = first_layer_qk(model, params, tokens, pos, stride)
+    # float32, computed by differently fused programs: rounding apart, not more.
+    np.testing.assert_allclose(np.asarray(q_BSHD), seen[0][0][:, ::stride], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(k_BTKD), seen[0][1], rtol=1e-5, atol=1e-6)
+    assert np.abs(seen[0][0] - seen[1][0]).max() > 1e-2, "layers 0 and 1 see different q"
+
+
+def test_coverage_probe_is_each_shards_token_weighted_coverage():
+    """launch.coverage_probe: shard s's column k - 1 is the mean over its rows' non-padding
+    tokens of the first layer's gate coverage at budget k (moba_coverage per row, weighted by
+    the row's tokens) - rows of different fill, one of padding only."""
+    from pallas_kernels.moba import moba_coverage
+    from sparsebalance_jax.model import first_layer_qk
+    from sparsebalance_jax.training.launch import coverage_probe
+
+    cfg = tiny_config("moba")
+    cfg = dataclasses.replace(cfg, balance=dataclasses.replace(cfg.balance, probe_stride=1))
+    model = Transformer(cfg.model, cfg.attention, cfg.k_max)
+    rng = np.random.default_rng()
+    tokens, seg, pos = packed_inputs(rng, 4, 64, [0, 20])
+    fill_N = np.array([64, 48, 0, 64])  # row 2: padding only
+    seg = jnp.where(jnp.arange(64)[None, :] < fill_N[:, None], seg, 0)
+    budget = jnp.full((4,), 2, jnp.int32)
+    params = nn.meta.unbox(model.init(jax.random.key(0), tokens, seg, pos, budget)["params"])
+    batch = {"inputs": np.asarray(tokens).reshape(2, 1, 2, 64),
+             "segment_ids": np.asarray(seg).reshape(2, 1, 2, 64),
+             "positions": np.asarray(pos).reshape(2, 1, 2, 64)}
+    got_SK = coverage_probe(cfg, model)(batch, params)
+    k_max = cfg.attention.budget
+    assert got_SK.shape == (2, k_max)
+    q, k = first_layer_qk(model, params, tokens, pos)
+    tokens_N = (np.asarray(seg) > 0).sum(1)
+    for budget in range(1, k_max + 1):
+        row_N = np.asarray(moba_coverage(q, k, seg, jnp.full((4,), budget, jnp.int32),
+                                         block_size=cfg.attention.block_size, k_max=k_max))
+        want_S = (row_N * tokens_N).reshape(2, 2).sum(1) / tokens_N.reshape(2, 2).sum(1)
+        np.testing.assert_allclose(got_SK[:, budget - 1], want_S, rtol=1e-5, atol=1e-6)
+    assert got_SK[:, 1].max() < 0.999, "budget 2 should leave gate mass unchosen"
+
+
 def test_moba_backend_choice_reaches_the_layers():
     """attention.moba_backend='mosaic' runs the Hopper kernels (GPU interpret mode here) in
     every layer; the logits match the Triton kernels' within bf16 rounding."""

@@ -124,22 +124,31 @@ def split_bf16(a):
   return hi.astype(jnp.bfloat16), (a - hi).astype(jnp.bfloat16)
 
 
-def gate_eligible(segment_ids_BT, trail_seg_BN, *, block_size: int) -> jax.Array:
-  """[B, T, N]: block j is eligible for token t (see gate_keys)."""
-  t, n = segment_ids_BT.shape[1], trail_seg_BN.shape[1]
-  own_T = jnp.arange(t, dtype=jnp.int32) // block_size
-  return ((jnp.arange(n)[None, None, :] < own_T[None, :, None])
-          & (trail_seg_BN[:, None, :] == segment_ids_BT[:, :, None])
-          & (segment_ids_BT[:, :, None] != 0))
+def gate_eligible(segment_ids_BS, trail_seg_BN, *, block_size: int, query_stride: int = 1
+                  ) -> jax.Array:
+  """[B, S, N]: block j is eligible for query s, token s * query_stride (see gate_keys);
+  segment_ids_BS: those tokens' segment ids."""
+  s, n = segment_ids_BS.shape[1], trail_seg_BN.shape[1]
+  own_S = jnp.arange(s, dtype=jnp.int32) * query_stride // block_size
+  return ((jnp.arange(n)[None, None, :] < own_S[None, :, None])
+          & (trail_seg_BN[:, None, :] == segment_ids_BS[:, :, None])
+          & (segment_ids_BS[:, :, None] != 0))
 
 
-def gate_scores(q_BTHD, k_BTKD, segment_ids_BT, *, block_size: int):
-  """Gate scores [B, T, G, N] (float32, -inf where a block is not eligible)."""
+def gate_scores(q_BSHD, k_BTKD, segment_ids_BT, *, block_size: int, query_stride: int = 1):
+  """Gate scores [B, S, G, N] (float32, -inf where a block is not eligible) of the queries
+  q_BSHD of tokens 0, query_stride, 2 * query_stride, ... (S = ceil(T / query_stride); with
+  the default stride 1, every token) against the blocks of all T keys."""
+  t = segment_ids_BT.shape[1]
+  if q_BSHD.shape[1] != -(-t // query_stride):
+    raise ValueError(f"q has {q_BSHD.shape[1]} tokens; query_stride={query_stride} over T={t} "
+                     f"takes {-(-t // query_stride)}")
   gkey_BNGD, trail_seg_BN = gate_keys(k_BTKD, segment_ids_BT, block_size=block_size)
-  qg_BTGD = group_queries(q_BTHD, k_BTKD.shape[2])
-  scores_BTGN = gate_dot("btgd,bngd->btgn", qg_BTGD, gkey_BNGD)
-  eligible_BTN = gate_eligible(segment_ids_BT, trail_seg_BN, block_size=block_size)
-  return jnp.where(eligible_BTN[:, :, None, :], scores_BTGN, -jnp.inf)
+  qg_BSGD = group_queries(q_BSHD, k_BTKD.shape[2])
+  scores_BSGN = gate_dot("bsgd,bngd->bsgn", qg_BSGD, gkey_BNGD)
+  eligible_BSN = gate_eligible(segment_ids_BT[:, ::query_stride], trail_seg_BN,
+                               block_size=block_size, query_stride=query_stride)
+  return jnp.where(eligible_BSN[:, :, None, :], scores_BSGN, -jnp.inf)
 
 
 def _top_k(x, k: int):
@@ -283,21 +292,33 @@ def _row_mean(per_token_BTX, segment_ids_BT) -> jax.Array:
   return jnp.where(n_B > 0, (per_token_BTX * nonpad).sum(1) / jnp.maximum(n_B, 1), 1.0)
 
 
-def moba_coverage_curve(q_BTHD, k_BTKD, segment_ids_BT, *, block_size: int, k_max: int
-                        ) -> jax.Array:
+def moba_coverage_curve(q_BSHD, k_BTKD, segment_ids_BT, *, block_size: int, k_max: int,
+                        query_stride: int = 1) -> jax.Array:
   """`moba_coverage` of every row at every budget 1..k_max at once, float32 [B, k_max]
   (column j: budget j + 1), from one gate pass: a token's coverage at budget k is the mass of
   its k - 1 highest eligible blocks, a running sum down its ranked blocks. What the DST tuner's
-  coverage floor reads: one device call per step, whatever budgets it weighs."""
-  validate_shapes(q_BTHD, k_BTKD, None, segment_ids_BT, jnp.ones((q_BTHD.shape[0],), jnp.int32),
+  coverage floor reads: one device call per step, whatever budgets it weighs.
+
+  query_stride > 1 averages over the queries of every query_stride-th token only (tokens 0,
+  stride, 2 * stride, ...; q_BSHD holds just those, S = ceil(T / stride)), scored against the
+  blocks of all T keys: the same mean over a systematic sample of the row's tokens, at about
+  1 / stride of the query-side work (the ranking's sort, the grouped queries, their
+  projection in the caller)."""
+  if query_stride < 1:
+    raise ValueError(f"query_stride must be >= 1, got {query_stride}")
+  # Shape checks on a stand-in of all T queries; gate_scores checks the sampled q's length.
+  q_all = q_BSHD if q_BSHD.ndim != 4 else jax.ShapeDtypeStruct(
+      (q_BSHD.shape[0], segment_ids_BT.shape[-1]) + q_BSHD.shape[2:], q_BSHD.dtype)
+  validate_shapes(q_all, k_BTKD, None, segment_ids_BT, jnp.ones((q_BSHD.shape[0],), jnp.int32),
                   block_size=block_size, k_max=k_max)
-  q_BTHD, k_BTKD = lax.stop_gradient(q_BTHD), lax.stop_gradient(k_BTKD)
-  scores_BTGN = gate_scores(q_BTHD, k_BTKD, segment_ids_BT, block_size=block_size)
-  top_BTGK, _ = _top_k(scores_BTGN, k_max - 1)
-  cov_BTGK = _coverage_by_budget(scores_BTGN, top_BTGK, k_max)
-  nonpad_BT = segment_ids_BT != 0
-  cov_BTK = jnp.where(nonpad_BT[..., None], cov_BTGK.mean(2), 1.0)
-  return _row_mean(cov_BTK, segment_ids_BT).astype(jnp.float32)
+  q_BSHD, k_BTKD = lax.stop_gradient(q_BSHD), lax.stop_gradient(k_BTKD)
+  scores_BSGN = gate_scores(q_BSHD, k_BTKD, segment_ids_BT, block_size=block_size,
+                            query_stride=query_stride)
+  top_BSGK, _ = _top_k(scores_BSGN, k_max - 1)
+  cov_BSGK = _coverage_by_budget(scores_BSGN, top_BSGK, k_max)
+  segment_ids_BS = segment_ids_BT[:, ::query_stride]
+  cov_BSK = jnp.where((segment_ids_BS != 0)[..., None], cov_BSGK.mean(2), 1.0)
+  return _row_mean(cov_BSK, segment_ids_BS).astype(jnp.float32)
 
 
 # Up to this many picks the gate makes every pass, unrolled, and drops the picks past the

@@ -107,6 +107,14 @@ class Attention(nn.Module):
                                             ("act_batch", "act_seq", "act_kv_heads", None))
         return q_BTHD, k_BTKD, v_BTKD
 
+    def gate_qk(self, x_BTE, positions_BT, query_stride: int = 1):
+        """What the MoBA gate scores: rotated q of tokens 0, query_stride, 2 * query_stride, ...
+        [B, S, Hq, D] (S = ceil(T / query_stride)) and k of every token [B, T, Hkv, D]."""
+        theta = self.model.rope_theta
+        x_BSE, positions_BS = x_BTE[:, ::query_stride], positions_BT[:, ::query_stride]
+        return (apply_rope(self.q(x_BSE), positions_BS, theta),
+                apply_rope(self.k(x_BTE), positions_BT, theta))
+
     def __call__(self, x_BTE, segment_ids_BT, positions_BT, budget_B):
         q_BTHD, k_BTKD, v_BTKD = self.qkv(x_BTE, positions_BT)
         m = self.model
@@ -232,16 +240,16 @@ class Transformer(nn.Module):
         return nn.with_logical_constraint(logits_BTV, ("act_batch", "act_seq", "act_vocab"))
 
 
-def first_layer_qk(model: Transformer, params, inputs_BT, positions_BT):
-    """The first layer's gate inputs (q, k) for `params`: what the MoBA gate scores there."""
+def first_layer_qk(model: Transformer, params, inputs_BT, positions_BT, query_stride: int = 1):
+    """The first layer's gate inputs for `params`: what the MoBA gate scores there - q of every
+    query_stride-th token [B, S, Hq, D] and k of every token [B, T, Hkv, D] (Attention.gate_qk)."""
     m = model.model
     layer0 = jax.tree.map(lambda p: p[0], params["layers"])
     x_BTE = params["embed"]["embedding"][inputs_BT].astype(m.compute_dtype)
     h_BTE = RMSNorm(m.rms_eps, m.param_dtype, m.compute_dtype).apply(
         {"params": layer0["attn_norm"]}, x_BTE)
-    q_BTHD, k_BTKD, _ = Attention(m, model.attention, model.k_max).apply(
-        {"params": layer0["attn"]}, h_BTE, positions_BT, method=Attention.qkv)
-    return q_BTHD, k_BTKD
+    return Attention(m, model.attention, model.k_max).apply(
+        {"params": layer0["attn"]}, h_BTE, positions_BT, query_stride, method=Attention.gate_qk)
 
 
 def token_losses(logits_BTV, targets_BT, loss_mask_BT):

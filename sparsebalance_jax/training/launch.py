@@ -6,6 +6,7 @@ import dataclasses
 import os
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from sparsebalance_jax.config import (Config, ConfigError, check_attention_runs_here,
@@ -80,8 +81,9 @@ def data_iterator(cfg: Config, cost_model, crop_counter=None):
 def coverage_probe(cfg: Config, model, k_max: int | None = None):
     """(step_batch, params) -> float64 [S, k_max]: each shard's first-layer gate coverage at
     every budget 1..k_max (column k - 1: budget k), from one device call
-    (`moba_coverage_curve`), its rows weighted by their non-padding tokens. k_max defaults to
-    the base budget, the largest the tuner's coverage floor weighs (it checks only cuts)."""
+    (`moba_coverage_curve`), its rows weighted by their non-padding tokens. The queries are
+    those of every `balance.probe_stride`-th token. k_max defaults to the base budget, the
+    largest the tuner's coverage floor weighs (it checks only cuts)."""
     from pallas_kernels.moba import moba_coverage_curve
     from sparsebalance_jax.model import first_layer_qk
 
@@ -89,19 +91,20 @@ def coverage_probe(cfg: Config, model, k_max: int | None = None):
     k_max = k_max or a.budget
 
     @jax.jit
-    def rows_coverage(params, inputs_NT, segment_ids_NT, positions_NT):
-        q, k = first_layer_qk(model, params, inputs_NT, positions_NT)
-        return moba_coverage_curve(q, k, segment_ids_NT, block_size=a.block_size, k_max=k_max)
+    def shards_coverage(params, inputs_SMRT, segment_ids_SMRT, positions_SMRT):
+        s, t = inputs_SMRT.shape[0], inputs_SMRT.shape[-1]
+        rows = lambda x: x.reshape(-1, t)
+        stride = cfg.balance.probe_stride
+        q, k = first_layer_qk(model, params, rows(inputs_SMRT), rows(positions_SMRT), stride)
+        cov_NK = moba_coverage_curve(q, k, rows(segment_ids_SMRT), block_size=a.block_size,
+                                     k_max=k_max, query_stride=stride)
+        tokens_SN1 = (segment_ids_SMRT > 0).sum(-1).reshape(s, -1, 1).astype(jnp.float32)
+        return ((cov_NK.reshape(s, -1, k_max) * tokens_SN1).sum(1)
+                / jnp.maximum(tokens_SN1.sum(1), 1))
 
     def per_shard(step_batch, params):
-        s = step_batch["inputs"].shape[0]
-        flat = {k: step_batch[k].reshape(-1, step_batch[k].shape[-1])
-                for k in ("inputs", "segment_ids", "positions")}
-        cov_NK = np.asarray(rows_coverage(params, flat["inputs"], flat["segment_ids"],
-                                          flat["positions"]), np.float64)
-        tokens_SN1 = (flat["segment_ids"] > 0).sum(-1).reshape(s, -1, 1)
-        return ((cov_NK.reshape(s, -1, cov_NK.shape[-1]) * tokens_SN1).sum(1)
-                / np.maximum(tokens_SN1.sum(1), 1))
+        return np.asarray(shards_coverage(params, step_batch["inputs"], step_batch["segment_ids"],
+                                          step_batch["positions"]), np.float64)
 
     return per_shard
 
