@@ -163,6 +163,30 @@ def test_mesh_rows_time_each_shard_on_its_own_device(mesh_bench):
     assert ("chatqa2", "+SAB+DST", (3, 4), 4) in moved, moved
 
 
+def test_a_simulated_step_pays_the_slowest_shards_probe():
+    """DeviceRunner.decision_coverage probes each shard's rows by a call of its own and charges
+    the slowest call - what a step pays when every device probes its own shard at once - and
+    returns the shards' curves in order."""
+    import time
+
+    calls = []
+
+    def probe(shard_batch, params):
+        s = int(shard_batch["inputs"][0, 0, 0, 0])
+        calls.append(s)
+        time.sleep(0.02 * (s + 1))
+        return np.full((1, BASE), 0.1 * s)
+
+    runner = object.__new__(simulate.DeviceRunner)
+    runner.params, runner._coverage = None, {"decision": probe}
+    batch = {k: np.arange(3).reshape(3, 1, 1, 1) * np.ones((3, 1, 2, 8), np.int32)
+             for k in ("inputs", "segment_ids", "positions")}
+    curve, seconds = runner.decision_coverage(batch)
+    assert calls == [0, 1, 2]
+    np.testing.assert_allclose(curve, np.repeat([[0.0], [0.1], [0.2]], BASE, axis=1))
+    assert 0.06 <= seconds < 0.10  # the slowest call (60 ms), not the three (120 ms)
+
+
 def _old_record(step_seconds, tuner_seconds, coverage_seconds, budgets_S):
     """A step as results written before the step counted the decision's probe hold it."""
     return dict(step_seconds=step_seconds, tuner_seconds=tuner_seconds,

@@ -154,3 +154,24 @@ def test_rules_without_manual_axes_drop_them_from_every_rule():
     assert rules["act_batch"] == "fsdp" and rules["heads"] == "tensor" and rules["embed"] == "fsdp"
     assert all(axes is None for _, axes in rules_without(set(AXES)))
     assert [name for name, _ in rules_without({"data"})] == [name for name, _ in LOGICAL_RULES]
+
+
+@pytest.mark.parametrize("mesh_shape", [(8, 1, 1), (2, 2, 2)])
+def test_coverage_probe_on_the_mesh_matches_one_device(mesh_shape):
+    """DST's probe placed on the step's mesh (each device probing its own shards; fsdp- and
+    tensor-sharded parameters) gives the curve the one-device probe gives."""
+    from sparsebalance_jax.training.launch import coverage_probe
+
+    cfg = tiny_config("moba")
+    cfg = dataclasses.replace(cfg, balance=dataclasses.replace(cfg.balance, probe_stride=4))
+    cfg, mesh, model, state, _ = _on_mesh(cfg, mesh_shape)
+    shards = mesh_shape[0] * mesh_shape[1]
+    rng = np.random.default_rng()
+    tokens, seg, pos = packed_inputs(rng, shards * 2, 64, [0, 24])
+    batch = {k: np.asarray(x).reshape(shards, 1, 2, 64)
+             for k, x in (("inputs", tokens), ("segment_ids", seg), ("positions", pos))}
+    on_mesh = coverage_probe(cfg, model, mesh=mesh)(batch, state.params)
+    one_device = coverage_probe(cfg, model)(batch, jax.tree.map(np.asarray, state.params))
+    assert on_mesh.shape == (shards, cfg.attention.budget)
+    np.testing.assert_allclose(on_mesh, one_device, **F32)
+    assert np.ptp(on_mesh[:, 1]) > 0, "shards of other documents differ in coverage"

@@ -71,9 +71,10 @@ class MeshRunner:
         self.param_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(self.params))
         self._timed = ShardTimedStep(cfg.model, cfg.attention, self.mesh, shardings, buckets)
         self._fused = FusedStep(cfg.model, cfg.attention, self.mesh, shardings, buckets)
-        # As simulate.DeviceRunner's: the decision's probe and the report's.
-        self._coverage = {"decision": coverage_probe(cfg, model),
-                          "report": coverage_probe(cfg, model, buckets[-1])}
+        # As simulate.DeviceRunner's: the decision's probe and the report's, each device
+        # probing its own shard.
+        self._coverage = {"decision": coverage_probe(cfg, model, mesh=self.mesh),
+                          "report": coverage_probe(cfg, model, buckets[-1], mesh=self.mesh)}
 
     @property
     def compiles(self) -> int:
@@ -83,6 +84,13 @@ class MeshRunner:
                        ) -> np.ndarray:
         """As simulate.DeviceRunner.shard_coverage."""
         return self._coverage[use](step_batch, self.params)
+
+    def decision_coverage(self, step_batch: dict[str, np.ndarray]) -> tuple[np.ndarray, float]:
+        """As simulate.DeviceRunner.decision_coverage, from one call on the mesh (every
+        device probes its own shard), timed whole."""
+        start = time.perf_counter()
+        curve = self._coverage["decision"](step_batch, self.params)
+        return curve, time.perf_counter() - start
 
     def measure_step(self, step_batch: dict[str, np.ndarray], budgets_S: np.ndarray,
                      bucket: int, setup: BenchSetup, used: set) -> dict[str, Any]:

@@ -31,11 +31,15 @@ What is measured (DESIGN.md, "Definitions used in every measurement"):
 - Tuner overhead (`tuner_seconds`): the whole decision, timed as the train loop pays it before
   every step (`training.budgets.DstBalancer`, its `tuner/overhead_ms`): the shard x budget
   latency table, the rule, and the coverage probe the rule asks for (the floor check of a
-  shard it lowers: one device call of `training.launch.coverage_probe`, the train loop's own
-  probe, giving every shard's coverage at every budget). The probe's part is also kept on its
-  own (`coverage_seconds`, over `coverage_calls` calls: 0 or 1; runs recorded before the probe
-  gave every budget at once made one call per budget), so the split between host work and
-  device probe shows. Rows without DST make no decision (the loop's `FixedBudgets`): 0.
+  shard it lowers: `training.launch.coverage_probe`, the train loop's own probe, giving every
+  shard's coverage at every budget). The loop runs it on the step's mesh, each device probing
+  its own shard at once; here each shard's rows are probed by a call of their own and the step
+  pays the slowest (`DeviceRunner.decision_coverage`; `MeshRunner`'s is one call on its mesh).
+  The probe's part is also kept on its own (`coverage_seconds`, over `coverage_calls` probes:
+  0 or 1; runs recorded before the probe gave every budget at once made one call per budget,
+  and before the thirty-second session's runs it probed every shard in one call on the one
+  device), so the split between host work and device probe shows. Rows without DST make no
+  decision (the loop's `FixedBudgets`): 0.
 - Coverage: `pallas_kernels.moba.moba_coverage_curve` on the first layer's q / k of the
   current (initial) parameters, per row, averaged over a shard's rows weighted by their
   non-padding tokens. Reported at the chosen budgets (`coverage_S`); a probe made only for
@@ -215,6 +219,20 @@ class DeviceRunner:
         the largest bucket ("report")."""
         return self._coverage[use](step_batch, self.params)
 
+    def decision_coverage(self, step_batch: dict[str, np.ndarray]) -> tuple[np.ndarray, float]:
+        """The decision's probe ("decision" coverage [S, K]) and what a data-parallel step pays
+        for it: each shard's rows probed by a call of their own, as each device of a real run
+        probes its own shard (`launch.coverage_probe` on the step's mesh) at the same time -
+        the slowest call's wall time."""
+        probe = self._coverage["decision"]
+        curves, seconds = [], []
+        for s in range(step_batch["inputs"].shape[0]):
+            shard = {k: step_batch[k][s:s + 1] for k in ("inputs", "segment_ids", "positions")}
+            start = time.perf_counter()
+            curves.append(probe(shard, self.params))
+            seconds.append(time.perf_counter() - start)
+        return np.concatenate(curves), max(seconds)
+
 
 def _micro_batch(step_batch: dict[str, np.ndarray], s: int, m: int,
                  budget: int) -> dict[str, jax.Array]:
@@ -238,19 +256,27 @@ def run_method(method: Method, step_batches: list[dict[str, np.ndarray]], setup:
     records = []
     if method.dst and step_batches:
         # Compiled before timing, as the step is: a decision's time is the probe's run alone.
-        runner.shard_coverage(step_batches[0])
+        runner.decision_coverage(step_batches[0])
     for t, batch in enumerate(step_batches):
         # The decision, timed whole: the latency table, the rule, and the coverage probe the
-        # rule asks for (when it weighs lowering a shard), as the train loop pays it.
-        coverage = LazyCoverage(lambda: runner.shard_coverage(batch))
+        # rule asks for (when it weighs lowering a shard), as the train loop pays it - the
+        # probe at what a data-parallel step pays (runner.decision_coverage).
+        paid = {"probe": 0.0}
+
+        def probe(batch=batch):
+            curve, paid["probe"] = runner.decision_coverage(batch)
+            return curve
+
+        coverage = LazyCoverage(probe)
         start = time.perf_counter()
         seconds_SK = shard_latency_table(
             batch["doc_lengths"], cost_model, config.k_max, padded_tokens=padded,
             budget_range=budget_bounds(setup.base_budget, config.p, config.k_max))
         decision = tuner.decide(setup.base_budget, seconds_SK, coverage=coverage)
-        tuner_seconds = time.perf_counter() - start if method.dst else 0.0
+        wall = time.perf_counter() - start
+        tuner_seconds = wall - coverage.seconds + paid["probe"] if method.dst else 0.0
         coverage_S_K = runner.shard_coverage(batch, "report")  # report only: not timed
-        coverage_seconds, coverage_calls = coverage.seconds, int(coverage.curve is not None)
+        coverage_seconds, coverage_calls = paid["probe"], int(coverage.curve is not None)
         coverage_S = coverage_S_K[np.arange(S), decision.budgets_S - 1]
 
         timing = runner.measure_step(batch, decision.budgets_S, decision.bucket, setup, used)

@@ -11,6 +11,7 @@ import numpy as np
 
 from sparsebalance_jax.config import (Config, ConfigError, check_attention_runs_here,
                                       from_config_dict)
+from sparsebalance_jax.sharding import make_mesh
 from sparsebalance_jax.sharding.distributed import maybe_initialize
 from sparsebalance_jax.training.budgets import DstBalancer, FixedBudgets
 from sparsebalance_jax.training.loop import describe, train
@@ -78,20 +79,27 @@ def data_iterator(cfg: Config, cost_model, crop_counter=None):
         window=d.window, cost_model=cost_model, crop_counter=crop_counter)
 
 
-def coverage_probe(cfg: Config, model, k_max: int | None = None):
+def coverage_probe(cfg: Config, model, k_max: int | None = None, *, mesh=None):
     """(step_batch, params) -> float64 [S, k_max]: each shard's first-layer gate coverage at
     every budget 1..k_max (column k - 1: budget k), from one device call
     (`moba_coverage_curve`), its rows weighted by their non-padding tokens. The queries are
     those of every `balance.probe_stride`-th token. k_max defaults to the base budget, the
-    largest the tuner's coverage floor weighs (it checks only cuts)."""
+    largest the tuner's coverage floor weighs (it checks only cuts). With `mesh` (the step's),
+    shard s's rows are placed on data shard s, as the step places them, so that every device
+    probes its own shards at once; without, the call runs where its inputs land."""
+    from jax.sharding import NamedSharding, PartitionSpec
+
     from pallas_kernels.moba import moba_coverage_curve
     from sparsebalance_jax.model import first_layer_qk
+    from sparsebalance_jax.sharding import BATCH_AXES
 
     a = cfg.attention
     k_max = k_max or a.budget
+    placement = None if mesh is None else NamedSharding(mesh, PartitionSpec(None, BATCH_AXES))
 
     @jax.jit
-    def shards_coverage(params, inputs_SMRT, segment_ids_SMRT, positions_SMRT):
+    def shards_coverage(params, ids_3SMRT):
+        inputs_SMRT, segment_ids_SMRT, positions_SMRT = ids_3SMRT
         s, t = inputs_SMRT.shape[0], inputs_SMRT.shape[-1]
         rows = lambda x: x.reshape(-1, t)
         stride = cfg.balance.probe_stride
@@ -103,8 +111,11 @@ def coverage_probe(cfg: Config, model, k_max: int | None = None):
                 / jnp.maximum(tokens_SN1.sum(1), 1))
 
     def per_shard(step_batch, params):
-        return np.asarray(shards_coverage(params, step_batch["inputs"], step_batch["segment_ids"],
-                                          step_batch["positions"]), np.float64)
+        # One host-to-device copy, not three: each costs the call a transfer's fixed part.
+        ids_3SMRT = np.stack([step_batch[k] for k in ("inputs", "segment_ids", "positions")])
+        if placement is not None:
+            ids_3SMRT = jax.device_put(ids_3SMRT, placement)
+        return np.asarray(shards_coverage(params, ids_3SMRT), np.float64)
 
     return per_shard
 
@@ -120,7 +131,8 @@ def make_balancer(cfg: Config, cost_model):
 
     model = Transformer(cfg.model, cfg.attention, cfg.attention.budget_buckets[-1])
     if jax.process_count() == 1:
-        return DstBalancer(cfg, cost_model, coverage_probe(cfg, model))
+        # The step's mesh (train() makes an equal one): each device probes its own shards.
+        return DstBalancer(cfg, cost_model, coverage_probe(cfg, model, mesh=make_mesh(cfg.mesh)))
     # Several processes: each probes its own shards' rows with its local copy of the
     # (replicated) parameters, and the per-shard inputs of the decision are all-gathered.
     if cfg.mesh.fsdp * cfg.mesh.tensor != 1:
