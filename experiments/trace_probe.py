@@ -1,4 +1,4 @@
-"""Where DST's coverage probe spends its time: `training.launch.coverage_probe` on one step's
+"""Where DST's coverage probe spends its time: `training.launch.CoverageProbe` on one step's
 rows, timed and traced (GPU kernels and host events per call), at each query stride
 (`balance.probe_stride`) asked for, with how far each stride's coverage curve lies from the
 first stride's on the same rows.
@@ -55,18 +55,18 @@ def main(argv):
     for stride in map(int, _STRIDES.value):
         raw.balance.probe_stride = stride
         cfg = config_lib.from_config_dict(raw)
-        probe = launch.coverage_probe(cfg, model)
-        curve = probe(batch, params)  # compile
+        probe = launch.CoverageProbe(cfg, model)
+        curve = np.asarray(probe(batch, params))  # compile
         first_curve = curve if first_curve is None else first_curve
         walls = []
         for _ in range(_CALLS.value):
             start = time.perf_counter()
-            probe(batch, params)
+            np.asarray(probe(batch, params))
             walls.append(time.perf_counter() - start)
         with tempfile.TemporaryDirectory() as log_dir:
             with jax.profiler.trace(log_dir):
                 for _ in range(3):
-                    probe(batch, params)
+                    np.asarray(probe(batch, params))
             trace = load_trace(log_dir)
         kernels, _ = device_kernel_times(trace)
         total = sum(us for us, _ in kernels.values()) / 3 / 1e3

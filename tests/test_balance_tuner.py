@@ -428,3 +428,45 @@ def test_lazy_coverage_probes_once_and_only_when_asked():
     coverage = tuner.LazyCoverage(probe)
     assert coverage(0, 2) == 0.6 and coverage(1, 3) == 1.0 and coverage(1, 1) == 0.1
     assert len(calls) == 1 and coverage.curve.shape == (2, 3) and coverage.seconds > 0
+
+
+def test_dst_balancer_decides_on_the_probe_prefetched_for_that_batch():
+    """DstBalancer.prefetch starts the probe of the next step batch; decide on that batch uses
+    it (no second call) and its values reach the decision; decide on another batch probes
+    that batch afresh."""
+    from configs.longbench import get_config
+    from sparsebalance_jax.config import from_config_dict
+    from sparsebalance_jax.training import launch
+    from sparsebalance_jax.training.budgets import DstBalancer
+
+    raw = get_config("cpu")
+    raw.mesh.data = 2
+    raw.balance.update(dst=True, dead_band=0.0, coverage_floor=0.3)
+    cfg = from_config_dict(raw, device_count=2)
+    base, rows = cfg.attention.budget, cfg.data.rows_per_micro_batch
+    calls = []
+
+    def probe(step_batch, params):
+        calls.append((step_batch["tag"], params))
+        return np.tile(np.linspace(0.2, 1.0, base), (2, 1)) * (1 - 0.1 * step_batch["tag"])
+
+    def step_batch(tag):
+        # Shard 0 holds one long document, shard 1 short ones: DST weighs cutting shard 0.
+        doc_lengths = np.zeros((2, cfg.data.micro_batches, 8), np.int64)
+        doc_lengths[0, :, 0] = cfg.data.seq_len
+        doc_lengths[1, :, :4] = cfg.data.seq_len // 8
+        return {"tag": tag, "doc_lengths": doc_lengths,
+                "budgets": np.full((2, cfg.data.micro_batches, rows), base, np.int32)}
+
+    balancer = DstBalancer(cfg, launch.latency_model(cfg), probe)
+    first, second = step_batch(0), step_batch(1)
+    balancer.prefetch(first, "params after step 0")
+    assert calls == [(0, "params after step 0")]
+    decision = balancer.decide(first, "params after step 0")
+    assert calls == [(0, "params after step 0")]  # the prefetched probe, not a second call
+    assert decision.shard_budgets_S[0] < base  # a cut, checked against the probe's floor
+    assert decision.extra["coverage/shard0_base"] == pytest.approx(1.0)
+    balancer.prefetch(first, "p")
+    decision = balancer.decide(second, "p")  # not the batch prefetched: probed now
+    assert [tag for tag, _ in calls] == [0, 0, 1]
+    assert decision.extra["coverage/shard0_base"] == pytest.approx(0.9)

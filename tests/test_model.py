@@ -141,12 +141,12 @@ def test_first_layer_qk_are_the_first_layers_gate_inputs(monkeypatch, stride):
 
 
 def test_coverage_probe_is_each_shards_token_weighted_coverage():
-    """launch.coverage_probe: shard s's column k - 1 is the mean over its rows' non-padding
+    """launch.CoverageProbe: shard s's column k - 1 is the mean over its rows' non-padding
     tokens of the first layer's gate coverage at budget k (moba_coverage per row, weighted by
     the row's tokens) - rows of different fill, one of padding only."""
     from pallas_kernels.moba import moba_coverage
     from sparsebalance_jax.model import first_layer_qk
-    from sparsebalance_jax.training.launch import coverage_probe
+    from sparsebalance_jax.training.launch import CoverageProbe
 
     cfg = tiny_config("moba")
     cfg = dataclasses.replace(cfg, balance=dataclasses.replace(cfg.balance, probe_stride=1))
@@ -160,7 +160,7 @@ def test_coverage_probe_is_each_shards_token_weighted_coverage():
     batch = {"inputs": np.asarray(tokens).reshape(2, 1, 2, 64),
              "segment_ids": np.asarray(seg).reshape(2, 1, 2, 64),
              "positions": np.asarray(pos).reshape(2, 1, 2, 64)}
-    got_SK = coverage_probe(cfg, model)(batch, params)
+    got_SK = np.asarray(CoverageProbe(cfg, model)(batch, params))
     k_max = cfg.attention.budget
     assert got_SK.shape == (2, k_max)
     q, k = first_layer_qk(model, params, tokens, pos)

@@ -157,10 +157,11 @@ def test_rules_without_manual_axes_drop_them_from_every_rule():
 
 
 @pytest.mark.parametrize("mesh_shape", [(8, 1, 1), (2, 2, 2)])
-def test_coverage_probe_on_the_mesh_matches_one_device(mesh_shape):
-    """DST's probe placed on the step's mesh (each device probing its own shards; fsdp- and
-    tensor-sharded parameters) gives the curve the one-device probe gives."""
-    from sparsebalance_jax.training.launch import coverage_probe
+def test_coverage_probe_runs_on_the_parameters_mesh(mesh_shape):
+    """DST's probe with parameters on the step's mesh (fsdp- and tensor-sharded among them)
+    runs there, each device probing its own shards, and gives the curve the one-device probe
+    gives."""
+    from sparsebalance_jax.training.launch import CoverageProbe
 
     cfg = tiny_config("moba")
     cfg = dataclasses.replace(cfg, balance=dataclasses.replace(cfg.balance, probe_stride=4))
@@ -170,8 +171,11 @@ def test_coverage_probe_on_the_mesh_matches_one_device(mesh_shape):
     tokens, seg, pos = packed_inputs(rng, shards * 2, 64, [0, 24])
     batch = {k: np.asarray(x).reshape(shards, 1, 2, 64)
              for k, x in (("inputs", tokens), ("segment_ids", seg), ("positions", pos))}
-    on_mesh = coverage_probe(cfg, model, mesh=mesh)(batch, state.params)
-    one_device = coverage_probe(cfg, model)(batch, jax.tree.map(np.asarray, state.params))
+    probe = CoverageProbe(cfg, model)
+    on_mesh = probe(batch, state.params)
+    assert on_mesh.sharding.device_set == set(mesh.devices.flat)
+    one_device = probe(batch, jax.tree.map(np.asarray, state.params))
+    assert len(one_device.sharding.device_set) == 1
     assert on_mesh.shape == (shards, cfg.attention.budget)
-    np.testing.assert_allclose(on_mesh, one_device, **F32)
-    assert np.ptp(on_mesh[:, 1]) > 0, "shards of other documents differ in coverage"
+    np.testing.assert_allclose(np.asarray(on_mesh), np.asarray(one_device), **F32)
+    assert np.ptp(np.asarray(on_mesh)[:, 1]) > 0, "shards of other documents differ in coverage"

@@ -40,7 +40,7 @@ from sparsebalance_jax.config import Config
 from sparsebalance_jax.model import Transformer
 from sparsebalance_jax.sharding import make_mesh
 from sparsebalance_jax.sharding.distributed import global_batch
-from sparsebalance_jax.training.launch import coverage_probe
+from sparsebalance_jax.training.launch import CoverageProbe
 from sparsebalance_jax.training.state import create_train_state
 from sparsebalance_jax.training.step import FusedStep, ShardTimedStep
 
@@ -72,9 +72,9 @@ class MeshRunner:
         self._timed = ShardTimedStep(cfg.model, cfg.attention, self.mesh, shardings, buckets)
         self._fused = FusedStep(cfg.model, cfg.attention, self.mesh, shardings, buckets)
         # As simulate.DeviceRunner's: the decision's probe and the report's, each device
-        # probing its own shard.
-        self._coverage = {"decision": coverage_probe(cfg, model, mesh=self.mesh),
-                          "report": coverage_probe(cfg, model, buckets[-1], mesh=self.mesh)}
+        # probing its own shard (the parameters are on the mesh).
+        self._coverage = {"decision": CoverageProbe(cfg, model),
+                          "report": CoverageProbe(cfg, model, buckets[-1])}
 
     @property
     def compiles(self) -> int:
@@ -83,14 +83,16 @@ class MeshRunner:
     def shard_coverage(self, step_batch: dict[str, np.ndarray], use: str = "decision"
                        ) -> np.ndarray:
         """As simulate.DeviceRunner.shard_coverage."""
-        return self._coverage[use](step_batch, self.params)
+        return np.asarray(self._coverage[use](step_batch, self.params), np.float64)
 
-    def decision_coverage(self, step_batch: dict[str, np.ndarray]) -> tuple[np.ndarray, float]:
+    def decision_coverage(self, step_batch: dict[str, np.ndarray], repeats: int
+                          ) -> tuple[np.ndarray, float]:
         """As simulate.DeviceRunner.decision_coverage, from one call on the mesh (every
-        device probes its own shard), timed whole."""
-        start = time.perf_counter()
-        curve = self._coverage["decision"](step_batch, self.params)
-        return curve, time.perf_counter() - start
+        device probes its own shard); the charge is that call's synchronised wall time (the
+        host's part included, which the loop's prefetch hides: an upper bound)."""
+        probe = self._coverage["decision"]
+        curve = np.asarray(probe(step_batch, self.params), np.float64)
+        return curve, probe.device_seconds(step_batch, self.params, repeats=repeats)
 
     def measure_step(self, step_batch: dict[str, np.ndarray], budgets_S: np.ndarray,
                      bucket: int, setup: BenchSetup, used: set) -> dict[str, Any]:

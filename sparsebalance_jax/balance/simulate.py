@@ -28,22 +28,24 @@ What is measured (DESIGN.md, "Definitions used in every measurement"):
   time at the budgets it ran. The latency model prices one layer and the measurement is the
   whole model; the EMA ratio absorbs the scale (layers, embedding, LM head), and since every
   layer sees the same documents at the same budget, per-shard imbalance is a per-layer quantity.
-- Tuner overhead (`tuner_seconds`): the whole decision, timed as the train loop pays it before
-  every step (`training.budgets.DstBalancer`, its `tuner/overhead_ms`): the shard x budget
-  latency table, the rule, and the coverage probe the rule asks for (the floor check of a
-  shard it lowers: `training.launch.coverage_probe`, the train loop's own probe, giving every
-  shard's coverage at every budget). The loop runs it on the step's mesh, each device probing
-  its own shard at once; here each shard's rows are probed by a call of their own and the step
-  pays the slowest (`DeviceRunner.decision_coverage`; `MeshRunner`'s is one call on its mesh).
-  The probe's part is also kept on its own (`coverage_seconds`, over `coverage_calls` probes:
-  0 or 1; runs recorded before the probe gave every budget at once made one call per budget,
-  and before the thirty-second session's runs it probed every shard in one call on the one
-  device), so the split between host work and device probe shows. Rows without DST make no
+- Tuner overhead (`tuner_seconds`): the decision as the train loop pays it before every step
+  (`training.budgets.DstBalancer`): the shard x budget latency table and the rule, timed on the
+  host, plus the coverage probe (`training.launch.CoverageProbe`, the loop's own probe: every
+  shard's coverage at every budget, for the rule's floor check). The loop dispatches that probe
+  for the next step while the current one runs (`DstBalancer.prefetch`), on the step's mesh,
+  each device probing its own shard: its host work overlaps the running step and the step
+  pays the device's time on it. So every DST step is charged that: each shard's probe timed
+  alone on the device (its own clock on a GPU; the synchronised wall time elsewhere and on a
+  mesh), the slowest shard's (`DeviceRunner.decision_coverage`). The probe's part is also
+  kept on its own (`coverage_seconds`, `coverage_calls` = 1 per DST step). Runs recorded
+  earlier charged the probe's whole synchronised call, host part included, only on steps that
+  weighed a cut (one call per budget before the probe gave every budget at once; one call for
+  every shard on the one device before 2026-12-04's per-shard charge). Rows without DST make no
   decision (the loop's `FixedBudgets`): 0.
 - Coverage: `pallas_kernels.moba.moba_coverage_curve` on the first layer's q / k of the
   current (initial) parameters, per row, averaged over a shard's rows weighted by their
-  non-padding tokens. Reported at the chosen budgets (`coverage_S`); a probe made only for
-  that report (a step whose decision asked none) is not timed: the train loop does not make it.
+  non-padding tokens. Reported at the chosen budgets (`coverage_S`) from a probe up to the
+  largest bucket, made for the report only and not timed (the train loop does not make it).
 - The same rows on real devices, one shard per device: `balance.mesh_runner.MeshRunner` in
   place of `DeviceRunner` (`bench_balance.py --data_parallel=mesh`).
 - Compiles: one `CompileCache` (one compiled step per budget bucket and shape) is shared by
@@ -66,14 +68,14 @@ import numpy as np
 from sparsebalance_jax.balance.compile_cache import CompileCache
 from sparsebalance_jax.balance.latency import LatencyModel
 from sparsebalance_jax.balance.timing import time_call
-from sparsebalance_jax.balance.tuner import (LazyCoverage, Tuner, TunerConfig, budget_bounds,
+from sparsebalance_jax.balance.tuner import (Tuner, TunerConfig, budget_bounds,
                                              shard_latency_table)
 from sparsebalance_jax.config import AttentionConfig, Config, ModelConfig
 from sparsebalance_jax.data import batching
 from sparsebalance_jax.data.packing import aligned_length
 from sparsebalance_jax.data.pipeline import DataSpec, document_dataset
 from sparsebalance_jax.model import Transformer
-from sparsebalance_jax.training.launch import coverage_probe
+from sparsebalance_jax.training.launch import CoverageProbe
 from sparsebalance_jax.training.state import dummy_inputs
 from sparsebalance_jax.training.step import BATCH_KEYS, loss_and_grads
 
@@ -182,8 +184,8 @@ class DeviceRunner:
                          static_argnames="k_max")
         self.cache = CompileCache(jitted, buckets)
         # The decision's probe (budgets up to the base) and the report's (every bucket budget).
-        self._coverage = {"decision": coverage_probe(cfg, model),
-                          "report": coverage_probe(cfg, model, cfg.attention.budget_buckets[-1])}
+        self._coverage = {"decision": CoverageProbe(cfg, model),
+                          "report": CoverageProbe(cfg, model, cfg.attention.budget_buckets[-1])}
 
     @property
     def compiles(self) -> int:
@@ -217,21 +219,21 @@ class DeviceRunner:
         """Coverage float64 [S, K] of every shard's rows at every budget (token-weighted;
         column k - 1: budget k) up to the base budget ("decision", the train loop's probe) or
         the largest bucket ("report")."""
-        return self._coverage[use](step_batch, self.params)
+        return np.asarray(self._coverage[use](step_batch, self.params), np.float64)
 
-    def decision_coverage(self, step_batch: dict[str, np.ndarray]) -> tuple[np.ndarray, float]:
-        """The decision's probe ("decision" coverage [S, K]) and what a data-parallel step pays
-        for it: each shard's rows probed by a call of their own, as each device of a real run
-        probes its own shard (`launch.coverage_probe` on the step's mesh) at the same time -
-        the slowest call's wall time."""
+    def decision_coverage(self, step_batch: dict[str, np.ndarray], repeats: int
+                          ) -> tuple[np.ndarray, float]:
+        """The decision's coverage ("decision" [S, K]) and what a data-parallel step pays for
+        its probe: the loop dispatches it while the step before runs (`DstBalancer.prefetch`),
+        each device probing its own shard, so a step pays the device's time on one shard's
+        probe, its host part hidden - measured here on each shard's rows alone
+        (`CoverageProbe.device_seconds`), the slowest shard's."""
         probe = self._coverage["decision"]
-        curves, seconds = [], []
+        seconds = []
         for s in range(step_batch["inputs"].shape[0]):
             shard = {k: step_batch[k][s:s + 1] for k in ("inputs", "segment_ids", "positions")}
-            start = time.perf_counter()
-            curves.append(probe(shard, self.params))
-            seconds.append(time.perf_counter() - start)
-        return np.concatenate(curves), max(seconds)
+            seconds.append(probe.device_seconds(shard, self.params, repeats=repeats))
+        return self.shard_coverage(step_batch), max(seconds)
 
 
 def _micro_batch(step_batch: dict[str, np.ndarray], s: int, m: int,
@@ -254,29 +256,21 @@ def run_method(method: Method, step_batches: list[dict[str, np.ndarray]], setup:
     padded = setup.rows_per_micro_batch * setup.row_len
     used: set = set()
     records = []
-    if method.dst and step_batches:
-        # Compiled before timing, as the step is: a decision's time is the probe's run alone.
-        runner.decision_coverage(step_batches[0])
     for t, batch in enumerate(step_batches):
-        # The decision, timed whole: the latency table, the rule, and the coverage probe the
-        # rule asks for (when it weighs lowering a shard), as the train loop pays it - the
-        # probe at what a data-parallel step pays (runner.decision_coverage).
-        paid = {"probe": 0.0}
-
-        def probe(batch=batch):
-            curve, paid["probe"] = runner.decision_coverage(batch)
-            return curve
-
-        coverage = LazyCoverage(probe)
+        # The decision as the train loop pays it before every step: the latency table and the
+        # rule, timed on the host, and the coverage probe, which the loop prefetched behind the
+        # step before - charged its device time (runner.decision_coverage), every DST step.
+        curve_SK, probe_seconds = (runner.decision_coverage(batch, setup.repeats) if method.dst
+                                   else (None, 0.0))
         start = time.perf_counter()
         seconds_SK = shard_latency_table(
             batch["doc_lengths"], cost_model, config.k_max, padded_tokens=padded,
             budget_range=budget_bounds(setup.base_budget, config.p, config.k_max))
-        decision = tuner.decide(setup.base_budget, seconds_SK, coverage=coverage)
-        wall = time.perf_counter() - start
-        tuner_seconds = wall - coverage.seconds + paid["probe"] if method.dst else 0.0
+        decision = tuner.decide(setup.base_budget, seconds_SK, coverage=curve_SK)
+        host_seconds = time.perf_counter() - start
+        tuner_seconds = host_seconds + probe_seconds if method.dst else 0.0
         coverage_S_K = runner.shard_coverage(batch, "report")  # report only: not timed
-        coverage_seconds, coverage_calls = paid["probe"], int(coverage.curve is not None)
+        coverage_seconds, coverage_calls = probe_seconds, int(method.dst)
         coverage_S = coverage_S_K[np.arange(S), decision.budgets_S - 1]
 
         timing = runner.measure_step(batch, decision.budgets_S, decision.bucket, setup, used)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import sys
 from typing import Any
 
@@ -193,3 +194,48 @@ def train_iterator(spec: DataSpec, seed: int, num_shards: int, micro_batches: in
         lo = shard_index * per_process
         steps = steps.map(functools.partial(_shard_slice, lo=lo, hi=lo + per_process))
     return iter(steps)
+
+
+class Lookahead:
+    """A step-batch iterator that can hand out its next element early (`peek`) and is
+    checkpointed as if it had not: `get_state()` is the state before a batch peeked at and not
+    yet taken by `next`, so a run resumed from a checkpoint written while one was held starts
+    with that batch. The train loop peeks at the next step's batch while the current step runs
+    (to start DST's coverage probe on it).
+
+    Checkpointed through `grain.checkpoint` as an iterator whose state is bytes (the JSON that
+    grain writes for its own dataset iterators, byte for byte, so either restores the other's
+    checkpoints)."""
+
+    def __init__(self, iterator: grain.DatasetIterator):
+        self._iterator = iterator
+        self._held: tuple[bytes, Any] | None = None  # (state before the batch, the batch)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._held is not None:
+            batch, self._held = self._held[1], None
+            return batch
+        return next(self._iterator)
+
+    def peek(self):
+        """The element `next` returns next, taken from the iterator now."""
+        if self._held is None:
+            before = self._state_bytes()  # serialised now: the iterator may reuse its state
+            self._held = (before, next(self._iterator))
+        return self._held[1]
+
+    def _state_bytes(self) -> bytes:
+        return json.dumps(self._iterator.get_state(), indent=4).encode()
+
+    def get_state(self) -> bytes:
+        return self._state_bytes() if self._held is None else self._held[0]
+
+    def set_state(self, state: bytes) -> None:
+        self._held = None
+        self._iterator.set_state(json.loads(state))
+
+    def start_prefetch(self) -> None:
+        self._iterator.start_prefetch()

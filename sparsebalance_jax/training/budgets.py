@@ -39,6 +39,9 @@ class FixedBudgets:
     def __init__(self, bucket: int):
         self.bucket = bucket
 
+    def prefetch(self, step_batch: dict, params) -> None:
+        del step_batch, params  # nothing to prepare
+
     def decide(self, step_batch: dict, params) -> BudgetDecision:
         del params
         return BudgetDecision(np.asarray(step_batch["budgets"], np.int32), self.bucket)
@@ -68,12 +71,15 @@ class DstBalancer:
 
     Predictions: the latency model prices every shard's micro-batches at every budget
     (`shard_latency_table`). Coverage floor: the first layer's MoBA gate, run on this step's
-    inputs with the current parameters, gives each shard's coverage at every budget in one
-    device call (`launch.coverage_probe`), made only on steps where the tuner weighs lowering a
-    shard. The tuner's EMA
-    correction (and the dead band's measured error) is fed each shard's measured compute time
-    when the loop times shards (`balance.shard_timing`, `training.step.ShardTimedStep`); without
-    it the decisions rest on the model's predictions alone.
+    inputs with the parameters the step begins with, gives each shard's coverage at every
+    budget in one device call (`launch.CoverageProbe`). The loop starts that call for the next
+    step batch while the current step runs (`prefetch`, with the parameters the step is
+    computing), so that its host work overlaps the step and `decide` finds it ready; a step
+    with nothing prefetched (the first) probes when the tuner weighs lowering a shard. The
+    tuner's EMA correction (and the dead band's measured error) is fed each shard's measured
+    compute time when the loop times shards (`balance.shard_timing`,
+    `training.step.ShardTimedStep`); without it the decisions rest on the model's predictions
+    alone.
     """
 
     def __init__(self, cfg, cost_model, coverage_fn, *, gather=None, first_shard: int = 0):
@@ -92,6 +98,13 @@ class DstBalancer:
         self._base = cfg.attention.budget
         self._k_max = cfg.attention.budget_buckets[-1]
         self._padded_tokens = cfg.data.rows_per_micro_batch * cfg.data.seq_len
+        self._prefetched = None  # (step batch, its probe, dispatched)
+
+    def prefetch(self, step_batch: dict, params) -> None:
+        """Starts the coverage probe of `step_batch` - the next step's - with `params`, the
+        parameters that step will begin with (the current step's outputs, possibly still being
+        computed: the probe queues behind it on the device)."""
+        self._prefetched = (step_batch, self._coverage_fn(step_batch, params))
 
     def decide(self, step_batch: dict, params) -> BudgetDecision:
         from sparsebalance_jax.balance.tuner import (LazyCoverage, budget_bounds,
@@ -104,16 +117,20 @@ class DstBalancer:
             self._gather(step_batch["doc_lengths"]), self._cost_model, self._k_max,
             self._padded_tokens,
             budget_range=budget_bounds(self._base, self._tuner.config.p, self._k_max))
-        coverage = LazyCoverage(
-            lambda: self._gather(np.asarray(self._coverage_fn(step_batch, params))))
+        ahead = self._prefetched
+        self._prefetched = None
+        curve = ahead[1] if ahead is not None and ahead[0] is step_batch else None
+        coverage = LazyCoverage(lambda: self._gather(np.asarray(
+            self._coverage_fn(step_batch, params) if curve is None else curve)))
         d = self._tuner.decide(self._base, seconds_SK, coverage)
         cov_S = coverage.curve[:, self._base - 1] if coverage.curve is not None else None
         local_S = d.budgets_S[self._first_shard:self._first_shard + len(step_batch["budgets"])]
         budgets_SMR = np.broadcast_to(local_S[:, None, None],
                                       step_batch["budgets"].shape).astype(np.int32)
         before, after = d.predicted_before_S, d.predicted_after_S
-        # Overhead: the whole decision on the host - latency table, the gate probe it asked
-        # for (device time included), and the rule.
+        # Overhead: the whole decision on the host - latency table, the rule, and the gate
+        # probe it asked for: waiting for a prefetched one, or the whole call (device time
+        # included) where none was.
         extra = {"tuner/overhead_ms": 1e3 * (time.perf_counter() - start),
                  "tuner/imbalance_predicted_before": float(before.max() / before.mean()),
                  "tuner/imbalance_predicted_after": float(after.max() / after.mean())}

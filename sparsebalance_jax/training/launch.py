@@ -11,7 +11,6 @@ import numpy as np
 
 from sparsebalance_jax.config import (Config, ConfigError, check_attention_runs_here,
                                       from_config_dict)
-from sparsebalance_jax.sharding import make_mesh
 from sparsebalance_jax.sharding.distributed import maybe_initialize
 from sparsebalance_jax.training.budgets import DstBalancer, FixedBudgets
 from sparsebalance_jax.training.loop import describe, train
@@ -79,45 +78,76 @@ def data_iterator(cfg: Config, cost_model, crop_counter=None):
         window=d.window, cost_model=cost_model, crop_counter=crop_counter)
 
 
-def coverage_probe(cfg: Config, model, k_max: int | None = None, *, mesh=None):
-    """(step_batch, params) -> float64 [S, k_max]: each shard's first-layer gate coverage at
-    every budget 1..k_max (column k - 1: budget k), from one device call
-    (`moba_coverage_curve`), its rows weighted by their non-padding tokens. The queries are
-    those of every `balance.probe_stride`-th token. k_max defaults to the base budget, the
-    largest the tuner's coverage floor weighs (it checks only cuts). With `mesh` (the step's),
-    shard s's rows are placed on data shard s, as the step places them, so that every device
-    probes its own shards at once; without, the call runs where its inputs land."""
-    from jax.sharding import NamedSharding, PartitionSpec
+class CoverageProbe:
+    """DST's coverage probe: `probe(step_batch, params)` -> float32 [S, k_max], each shard's
+    first-layer gate coverage at every budget 1..k_max (column k - 1: budget k), from one device
+    call (`moba_coverage_curve`), its rows weighted by their non-padding tokens; dispatched, not
+    waited for (np.asarray waits). The queries are those of every `balance.probe_stride`-th
+    token. k_max defaults to the base budget, the largest the tuner's coverage floor weighs (it
+    checks only cuts). The rows go where the parameters are: with parameters placed on a mesh
+    (the step's), shard s's rows on its data shard s, as the step places them, so that every
+    device probes its own shards at once; else on the parameters' device."""
 
-    from pallas_kernels.moba import moba_coverage_curve
-    from sparsebalance_jax.model import first_layer_qk
-    from sparsebalance_jax.sharding import BATCH_AXES
+    def __init__(self, cfg: Config, model, k_max: int | None = None):
+        from pallas_kernels.moba import moba_coverage_curve
+        from sparsebalance_jax.model import first_layer_qk
 
-    a = cfg.attention
-    k_max = k_max or a.budget
-    placement = None if mesh is None else NamedSharding(mesh, PartitionSpec(None, BATCH_AXES))
-
-    @jax.jit
-    def shards_coverage(params, ids_3SMRT):
-        inputs_SMRT, segment_ids_SMRT, positions_SMRT = ids_3SMRT
-        s, t = inputs_SMRT.shape[0], inputs_SMRT.shape[-1]
-        rows = lambda x: x.reshape(-1, t)
+        a = cfg.attention
+        k_max = k_max or a.budget
         stride = cfg.balance.probe_stride
-        q, k = first_layer_qk(model, params, rows(inputs_SMRT), rows(positions_SMRT), stride)
-        cov_NK = moba_coverage_curve(q, k, rows(segment_ids_SMRT), block_size=a.block_size,
-                                     k_max=k_max, query_stride=stride)
-        tokens_SN1 = (segment_ids_SMRT > 0).sum(-1).reshape(s, -1, 1).astype(jnp.float32)
-        return ((cov_NK.reshape(s, -1, k_max) * tokens_SN1).sum(1)
-                / jnp.maximum(tokens_SN1.sum(1), 1))
 
-    def per_shard(step_batch, params):
+        def shards_coverage(params, ids_3SMRT):
+            inputs_SMRT, segment_ids_SMRT, positions_SMRT = ids_3SMRT
+            s, t = inputs_SMRT.shape[0], inputs_SMRT.shape[-1]
+            rows = lambda x: x.reshape(-1, t)
+            q, k = first_layer_qk(model, params, rows(inputs_SMRT), rows(positions_SMRT), stride)
+            cov_NK = moba_coverage_curve(q, k, rows(segment_ids_SMRT), block_size=a.block_size,
+                                         k_max=k_max, query_stride=stride)
+            tokens_SN1 = (segment_ids_SMRT > 0).sum(-1).reshape(s, -1, 1).astype(jnp.float32)
+            return ((cov_NK.reshape(s, -1, k_max) * tokens_SN1).sum(1)
+                    / jnp.maximum(tokens_SN1.sum(1), 1))
+
+        self._program = shards_coverage
+        self._jitted = jax.jit(shards_coverage)
+        self._clocked = None
+
+    @staticmethod
+    def _mesh(params):
+        """The mesh the parameters are placed on, or None."""
+        from jax.sharding import NamedSharding
+
+        sharding = getattr(jax.tree.leaves(params)[0], "sharding", None)
+        return sharding.mesh if isinstance(sharding, NamedSharding) else None
+
+    def _ids(self, step_batch, params) -> jax.Array | np.ndarray:
+        from jax.sharding import NamedSharding, PartitionSpec
+
+        from sparsebalance_jax.sharding import BATCH_AXES
+
         # One host-to-device copy, not three: each costs the call a transfer's fixed part.
         ids_3SMRT = np.stack([step_batch[k] for k in ("inputs", "segment_ids", "positions")])
-        if placement is not None:
-            ids_3SMRT = jax.device_put(ids_3SMRT, placement)
-        return np.asarray(shards_coverage(params, ids_3SMRT), np.float64)
+        mesh = self._mesh(params)
+        if mesh is None:
+            return ids_3SMRT
+        return jax.device_put(ids_3SMRT, NamedSharding(mesh, PartitionSpec(None, BATCH_AXES)))
 
-    return per_shard
+    def __call__(self, step_batch, params) -> jax.Array:
+        return self._jitted(params, self._ids(step_batch, params))
+
+    def device_seconds(self, step_batch, params, *, repeats: int = 5) -> float:
+        """Median seconds the device spends on one probe of `step_batch` - what a step pays
+        for a probe dispatched while the step before it runs (the loop's prefetch), the host's
+        part hidden behind that step. On one GPU its own clock times the program
+        (`balance.timing.time_on_device`); on a mesh or another backend the synchronised wall
+        time, host part included."""
+        from sparsebalance_jax.balance import timing
+
+        ids = self._ids(step_batch, params)
+        if jax.default_backend() == "gpu" and self._mesh(params) is None:
+            if self._clocked is None:
+                self._clocked = timing.clocked_call(self._program)
+            return timing.time_on_device(self._clocked, params, ids, repeats=repeats)[1]
+        return timing.time_call(self._jitted, params, ids, repeats=repeats)
 
 
 def make_balancer(cfg: Config, cost_model):
@@ -131,8 +161,7 @@ def make_balancer(cfg: Config, cost_model):
 
     model = Transformer(cfg.model, cfg.attention, cfg.attention.budget_buckets[-1])
     if jax.process_count() == 1:
-        # The step's mesh (train() makes an equal one): each device probes its own shards.
-        return DstBalancer(cfg, cost_model, coverage_probe(cfg, model, mesh=make_mesh(cfg.mesh)))
+        return DstBalancer(cfg, cost_model, CoverageProbe(cfg, model))
     # Several processes: each probes its own shards' rows with its local copy of the
     # (replicated) parameters, and the per-shard inputs of the decision are all-gathered.
     if cfg.mesh.fsdp * cfg.mesh.tensor != 1:
@@ -141,7 +170,7 @@ def make_balancer(cfg: Config, cost_model):
                           f"{cfg.mesh.tensor}); set --config.balance.dst=False")
     from jax.experimental import multihost_utils
 
-    probe = coverage_probe(cfg, model)
+    probe = CoverageProbe(cfg, model)
 
     def local_probe(step_batch, params):
         local_params = jax.tree.map(lambda x: x.addressable_data(0), params)

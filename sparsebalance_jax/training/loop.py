@@ -12,6 +12,7 @@ from tqdm import tqdm
 
 from sparsebalance_jax.config import Config, ConfigError, max_layer_budget
 from sparsebalance_jax.data.batching import BatcherStateError
+from sparsebalance_jax.data.pipeline import Lookahead
 from sparsebalance_jax.model import Transformer
 from sparsebalance_jax.sharding import make_mesh
 from sparsebalance_jax.training import checkpoint
@@ -97,6 +98,9 @@ def train(cfg: Config, data_iterator, balancer, *, show_progress: bool = True,
     # Before the restore: a checkpoint of another config may not even restore into this state.
     changes = checkpoint.check_run_config(cfg.train.workdir, cfg,
                                           resuming=manager.latest_step() is not None)
+    # The next step's batch is taken while a step runs (the balancer's prefetch), and the
+    # checkpoints record the iterator as if it were not.
+    data_iterator = Lookahead(data_iterator)
     try:
         restored = checkpoint.restore_latest(manager, state, data_iterator)
     except BatcherStateError as e:
@@ -134,6 +138,10 @@ def train(cfg: Config, data_iterator, balancer, *, show_progress: bool = True,
             batch = global_batch(steps.batch_shardings, steps.layout(step_batch))
             t0 = time.perf_counter()
             state, metrics, shard_seconds = steps(decision.bucket, state, batch)
+            if step + 1 < cfg.train.num_steps:
+                # While the step runs: the next batch, and what the balancer needs of it (DST's
+                # coverage probe, with the parameters this step is computing).
+                balancer.prefetch(data_iterator.peek(), state.params)
             loss = float(metrics["loss"])  # Blocks: the step's time is measured to here.
             seconds = time.perf_counter() - t0
             if not math.isfinite(loss):
