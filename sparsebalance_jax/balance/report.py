@@ -7,8 +7,9 @@ Owns the presentation of `balance.simulate.run_workload` results (one dict per w
   workload and row, bars of the imbalance predicted at the base budget (before tuning), predicted
   at the chosen budgets (after) and measured.
 - `markdown_table`: one line per (workload, row) with the summary numbers. "tuner ms (%)" is
-  the whole decision a DST row pays before each step (host work and the coverage probes it
-  asks for; the percentage is of the step, which includes it), "probe ms" the probes' part.
+  the whole decision a DST row pays before each step (host work and the coverage probe, as
+  `balance.simulate` charges it; the percentage is of the step, which includes it), "probe ms"
+  the probe's part.
 - `decision_table`: the columns the decision changes (step, speedup, tuner overhead, probe),
   for chosen rows: what `experiments/bench_balance.py --recount` prints.
 """
