@@ -90,16 +90,22 @@ def test_selection_counts_and_coverage():
   np.testing.assert_array_equal(np.asarray(full), 1.0)
 
 
-def test_coverage_curve_is_the_coverage_at_every_budget():
-  """moba_coverage_curve's column j is moba_coverage at budget j + 1, for rows of one document,
-  packed documents, and padding; it rises with the budget and reaches 1 once every eligible
-  block is chosen."""
-  rng = np.random.default_rng()
+def _curve_inputs(rng):
+  """q, k and segment ids of three rows of 8 blocks of 16: one document, packed documents,
+  and a document followed by padding."""
   q = jnp.asarray(rng.standard_normal((3, 128, 4, 16)), jnp.float32)
   k = jnp.asarray(rng.standard_normal((3, 128, 2, 16)), jnp.float32)
   seg = jnp.stack([jnp.ones((128,), jnp.int32),
                    packed_segments(rng, 1, 128, 16, aligned=False)[0],
                    jnp.where(jnp.arange(128) < 72, 1, 0).astype(jnp.int32)])
+  return q, k, seg
+
+
+def test_coverage_curve_is_the_coverage_at_every_budget():
+  """moba_coverage_curve's column j is moba_coverage at budget j + 1, for rows of one document,
+  packed documents, and padding; it rises with the budget and reaches 1 once every eligible
+  block is chosen."""
+  q, k, seg = _curve_inputs(np.random.default_rng())
   k_max = 8  # 8 blocks of 16: at budget 8 every earlier block is chosen
   curve = np.asarray(gating.moba_coverage_curve(q, k, seg, block_size=16, k_max=k_max))
   assert curve.shape == (3, k_max)
@@ -119,12 +125,7 @@ def test_coverage_curve_over_strided_queries_is_their_mean(stride):
   """With query_stride s, the curve is the mean of moba_gate's per-token coverage over the
   non-padding tokens 0, s, 2s, ... (q given at those tokens only), at every budget - a stride
   that does not divide T included - for one document, packed documents and padding."""
-  rng = np.random.default_rng()
-  q = jnp.asarray(rng.standard_normal((3, 128, 4, 16)), jnp.float32)
-  k = jnp.asarray(rng.standard_normal((3, 128, 2, 16)), jnp.float32)
-  seg = jnp.stack([jnp.ones((128,), jnp.int32),
-                   packed_segments(rng, 1, 128, 16, aligned=False)[0],
-                   jnp.where(jnp.arange(128) < 72, 1, 0).astype(jnp.int32)])
+  q, k, seg = _curve_inputs(np.random.default_rng())
   k_max = 8
   curve = np.asarray(gating.moba_coverage_curve(q[:, ::stride], k, seg, block_size=16,
                                                 k_max=k_max, query_stride=stride))
