@@ -27,8 +27,9 @@ On two H200s, real collectives (same settings, one shard per GPU):
     python -m experiments.bench_balance --latency_table=$OUT/tables --repeats=2 --shards=2 \
         --data_parallel=mesh
 
-Results written before a DST row's step counted its decision's coverage probe, counted as now
-(no device: `simulate.recount_decision`; prints the DST rows' step, speedup and tuner overhead):
+Results written before a DST row's step counted its decision's coverage probe, counted with
+the probe's synchronous call (no device: `simulate.recount_decision`; prints the DST rows'
+step, speedup and tuner overhead):
     python -m experiments.bench_balance --recount=benchmarks/h200/bench_balance.json
 
 Tiny CPU run (Pallas interpret mode, the `cpu` preset's model):

@@ -424,10 +424,10 @@ def test_lazy_coverage_probes_once_and_only_when_asked():
         return np.array([[0.2, 0.6, 0.9], [0.1, 0.5, 1.0]])
 
     unasked = tuner.LazyCoverage(probe)
-    assert unasked.curve is None and unasked.seconds == 0.0 and not calls
+    assert unasked.curve is None and not calls
     coverage = tuner.LazyCoverage(probe)
     assert coverage(0, 2) == 0.6 and coverage(1, 3) == 1.0 and coverage(1, 1) == 0.1
-    assert len(calls) == 1 and coverage.curve.shape == (2, 3) and coverage.seconds > 0
+    assert len(calls) == 1 and coverage.curve.shape == (2, 3)
 
 
 def test_dst_balancer_decides_on_the_probe_prefetched_for_that_batch():
@@ -460,13 +460,20 @@ def test_dst_balancer_decides_on_the_probe_prefetched_for_that_batch():
 
     balancer = DstBalancer(cfg, launch.latency_model(cfg), probe)
     first, second = step_batch(0), step_batch(1)
-    balancer.prefetch(first, "params after step 0")
-    assert calls == [(0, "params after step 0")]
-    decision = balancer.decide(first, "params after step 0")
-    assert calls == [(0, "params after step 0")]  # the prefetched probe, not a second call
+    params = {"w": "params after step 0"}
+    balancer.prefetch(lambda: first, params)
+    assert calls == [(0, params)]
+    decision = balancer.decide(first, params)
+    assert calls == [(0, params)]  # the prefetched probe, not a second call
+    assert decision.extra["tuner/probe_prefetched"] == 1.0
     assert decision.shard_budgets_S[0] < base  # a cut, checked against the probe's floor
     assert decision.extra["coverage/shard0_base"] == pytest.approx(1.0)
-    balancer.prefetch(first, "p")
-    decision = balancer.decide(second, "p")  # not the batch prefetched: probed now
-    assert [tag for tag, _ in calls] == [0, 0, 1]
-    assert decision.extra["coverage/shard0_base"] == pytest.approx(0.9)
+    for batch, with_params in ((second, params), (first, {"w": "other parameters"})):
+        balancer.prefetch(lambda: first, params)
+        decision = balancer.decide(batch, with_params)  # not what was prefetched: probed now
+        assert calls[-1] == (batch["tag"], with_params) and len(calls) in (3, 5)
+        assert decision.extra["tuner/probe_prefetched"] == 0.0
+    assert decision.extra["coverage/shard0_base"] == pytest.approx(1.0)
+    balancer.prefetch(lambda: None, params)  # the next batch could not be read: nothing
+    assert len(calls) == 5 and balancer.decide(first, params).extra[
+        "tuner/probe_prefetched"] == 0.0

@@ -100,11 +100,9 @@ def _check_rows(results, step_of):
                 assert r["bucket"] == tuner.bucket_for(np.array(r["budgets_S"]), BUCKETS)
                 assert all(0.0 <= c <= 1.0 for c in r["coverage_S"])
                 # The loop prefetches the probe behind every step: every DST step pays it.
-                assert r["coverage_calls"] == int(method.dst)
                 assert (r["coverage_seconds"] > 0) == method.dst
             if method.dst:
                 assert np.all((budgets_TS >= lo) & (budgets_TS <= hi))
-                assert np.all(tuner_T > probe_T)  # host work on top of any probe
                 if np.any(budgets_TS[0] != BASE):
                     moved.add((name, method.name, tuple(budgets_TS[0]), buckets_T[0]))
             else:

@@ -232,3 +232,24 @@ def test_lookahead_is_checkpointed_as_if_nothing_were_held(sequential_batcher, t
                                                   args=grain.checkpoint.CheckpointSave(item))
     files = [sorted((tmp_path / name).iterdir()) for name in ("bare", "wrapped")]
     assert [f.read_bytes() for f in files[0]] == [f.read_bytes() for f in files[1]]
+
+
+def test_lookahead_keeps_an_error_for_the_next_that_would_have_raised_it():
+    """A peek whose read fails returns None and holds the error; the next `next` raises it,
+    and the state is still the one before the failed read."""
+    def element(i):
+        if i == 1:
+            raise ValueError("document 1 does not fit a row")
+        return i
+
+    it = pipeline.Lookahead(iter(grain.MapDataset.range(3).map(element).to_iter_dataset()))
+    assert next(it) == 0
+    before = it.get_state()
+    assert it.peek() is None
+    assert it.get_state() == before
+    with pytest.raises(ValueError, match="document 1 does not fit"):
+        next(it)
+    ends = pipeline.Lookahead(iter(grain.MapDataset.range(1).to_iter_dataset()))
+    assert next(ends) == 0 and ends.peek() is None
+    with pytest.raises(StopIteration):
+        next(ends)

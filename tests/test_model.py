@@ -140,20 +140,22 @@ def test_first_layer_qk_are_the_first_layers_gate_inputs(monkeypatch, stride):
     assert np.abs(seen[0][0] - seen[1][0]).max() > 1e-2, "layers 0 and 1 see different q"
 
 
-def test_coverage_probe_is_each_shards_token_weighted_coverage():
-    """launch.CoverageProbe: shard s's column k - 1 is the mean over its rows' non-padding
-    tokens of the first layer's gate coverage at budget k (moba_coverage per row, weighted by
-    the row's tokens) - rows of different fill, one of padding only."""
-    from pallas_kernels.moba import moba_coverage
+@pytest.mark.parametrize("stride", [1, 4])
+def test_coverage_probe_is_each_shards_token_weighted_coverage(stride):
+    """launch.CoverageProbe: shard s's column k - 1 is its rows' first-layer gate coverage at
+    budget k - each row's mean over its sampled non-padding tokens (every stride-th; at stride
+    1, moba_coverage) - weighted by the rows' non-padding tokens; rows of different fill, one
+    of padding only."""
+    from pallas_kernels.moba import moba_coverage, moba_gate
     from sparsebalance_jax.model import first_layer_qk
     from sparsebalance_jax.training.launch import CoverageProbe
 
     cfg = tiny_config("moba")
-    cfg = dataclasses.replace(cfg, balance=dataclasses.replace(cfg.balance, probe_stride=1))
+    cfg = dataclasses.replace(cfg, balance=dataclasses.replace(cfg.balance, probe_stride=stride))
     model = Transformer(cfg.model, cfg.attention, cfg.k_max)
     rng = np.random.default_rng()
     tokens, seg, pos = packed_inputs(rng, 4, 64, [0, 20])
-    fill_N = np.array([64, 48, 0, 64])  # row 2: padding only
+    fill_N = np.array([64, 47, 0, 64])  # row 2: padding only
     seg = jnp.where(jnp.arange(64)[None, :] < fill_N[:, None], seg, 0)
     budget = jnp.full((4,), 2, jnp.int32)
     params = nn.meta.unbox(model.init(jax.random.key(0), tokens, seg, pos, budget)["params"])
@@ -161,13 +163,20 @@ def test_coverage_probe_is_each_shards_token_weighted_coverage():
              "segment_ids": np.asarray(seg).reshape(2, 1, 2, 64),
              "positions": np.asarray(pos).reshape(2, 1, 2, 64)}
     got_SK = np.asarray(CoverageProbe(cfg, model)(batch, params))
-    k_max = cfg.attention.budget
+    k_max, block = cfg.attention.budget, cfg.attention.block_size
     assert got_SK.shape == (2, k_max)
     q, k = first_layer_qk(model, params, tokens, pos)
     tokens_N = (np.asarray(seg) > 0).sum(1)
+    sampled_NT = np.asarray(seg)[:, ::stride] > 0
     for budget in range(1, k_max + 1):
-        row_N = np.asarray(moba_coverage(q, k, seg, jnp.full((4,), budget, jnp.int32),
-                                         block_size=cfg.attention.block_size, k_max=k_max))
+        budget_N = jnp.full((4,), budget, jnp.int32)
+        per_token_NT = np.asarray(moba_gate(q, k, seg, budget_N, block_size=block, k_max=k_max)
+                                  .coverage_BTG, np.float64).mean(-1)[:, ::stride]
+        row_N = np.where(sampled_NT.any(1), (per_token_NT * sampled_NT).sum(1)
+                         / np.maximum(sampled_NT.sum(1), 1), 1.0)
+        if stride == 1:
+            np.testing.assert_allclose(row_N, np.asarray(moba_coverage(
+                q, k, seg, budget_N, block_size=block, k_max=k_max)), rtol=1e-5, atol=1e-6)
         want_S = (row_N * tokens_N).reshape(2, 2).sum(1) / tokens_N.reshape(2, 2).sum(1)
         np.testing.assert_allclose(got_SK[:, budget - 1], want_S, rtol=1e-5, atol=1e-6)
     assert got_SK[:, 1].max() < 0.999, "budget 2 should leave gate mass unchosen"

@@ -105,6 +105,8 @@ def test_loop_logs_shard_times_and_feeds_the_tuner(tmp_path, monkeypatch):
         assert metrics[step]["imbalance_measured"] >= 1.0
     ema = balancer.get_state()["ema"]
     assert ema["count_S"] == [2, 2] and all(r > 0 for r in ema["ratio_S"])
+    # Steps 2 and 3 decide on the probe the loop prefetched while the step before ran.
+    assert [metrics[step]["tuner/probe_prefetched"] for step in (1, 2, 3)] == [0.0, 1.0, 1.0]
 
 
 @pytest.mark.gpu

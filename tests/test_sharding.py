@@ -179,3 +179,19 @@ def test_coverage_probe_runs_on_the_parameters_mesh(mesh_shape):
     assert on_mesh.shape == (shards, cfg.attention.budget)
     np.testing.assert_allclose(np.asarray(on_mesh), np.asarray(one_device), **F32)
     assert np.ptp(np.asarray(on_mesh)[:, 1]) > 0, "shards of other documents differ in coverage"
+
+
+def test_local_copies_reuse_the_devices_own_parameter_copies():
+    """launch.local_copies (the multi-process DST probe's parameters): replicated parameters
+    re-wrapped on a mesh of the process's devices, from the buffers those devices hold."""
+    from sparsebalance_jax.training.launch import local_copies
+
+    _, mesh, _, state, _ = _on_mesh(tiny_config("moba"), (8, 1, 1))
+    local = make_mesh(MeshConfig(8, 1, 1), jax.devices()[::-1])
+    copies = local_copies(state.params, local)
+    for x, y in zip(jax.tree.leaves(state.params), jax.tree.leaves(copies)):
+        assert y.sharding.mesh == local and y.sharding.is_fully_replicated
+        np.testing.assert_array_equal(np.asarray(y), np.asarray(x))
+        pointers = {s.device: s.data.unsafe_buffer_pointer() for s in x.addressable_shards}
+        assert all(pointers[s.device] == s.data.unsafe_buffer_pointer()
+                   for s in y.addressable_shards)

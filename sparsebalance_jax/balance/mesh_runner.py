@@ -74,7 +74,7 @@ class MeshRunner:
         # As simulate.DeviceRunner's: the decision's probe and the report's, each device
         # probing its own shard (the parameters are on the mesh).
         self._coverage = {"decision": CoverageProbe(cfg, model),
-                          "report": CoverageProbe(cfg, model, buckets[-1])}
+                          "report": CoverageProbe(cfg, model, buckets[-1], query_stride=1)}
 
     @property
     def compiles(self) -> int:
@@ -90,9 +90,9 @@ class MeshRunner:
         """As simulate.DeviceRunner.decision_coverage, from one call on the mesh (every
         device probes its own shard); the charge is that call's synchronised wall time (the
         host's part included, which the loop's prefetch hides: an upper bound)."""
-        probe = self._coverage["decision"]
-        curve = np.asarray(probe(step_batch, self.params), np.float64)
-        return curve, probe.device_seconds(step_batch, self.params, repeats=repeats)
+        seconds = self._coverage["decision"].device_seconds(step_batch, self.params,
+                                                            repeats=repeats)
+        return self.shard_coverage(step_batch), seconds
 
     def measure_step(self, step_batch: dict[str, np.ndarray], budgets_S: np.ndarray,
                      bucket: int, setup: BenchSetup, used: set) -> dict[str, Any]:

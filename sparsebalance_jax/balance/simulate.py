@@ -183,9 +183,11 @@ class DeviceRunner:
                                            attention_cfg=cfg.attention),
                          static_argnames="k_max")
         self.cache = CompileCache(jitted, buckets)
-        # The decision's probe (budgets up to the base) and the report's (every bucket budget).
+        # The decision's probe (budgets up to the base) and the report's (every bucket budget,
+        # every token: it is not timed).
         self._coverage = {"decision": CoverageProbe(cfg, model),
-                          "report": CoverageProbe(cfg, model, cfg.attention.budget_buckets[-1])}
+                          "report": CoverageProbe(cfg, model, cfg.attention.budget_buckets[-1],
+                                                  query_stride=1)}
 
     @property
     def compiles(self) -> int:
@@ -363,8 +365,9 @@ def run_workload(spec: DataSpec, setup: BenchSetup, runner,
 
 def recount_decision(data: dict[str, Any]) -> dict[str, Any]:
     """A `bench_balance.json` written before a DST row's step paid its decision, counted as
-    `run_method` counts now; returns the same {"settings", "workloads"} with new records and
-    summaries (speedups included).
+    `run_method` counted before the loop prefetched the probe: the step pays the decision's
+    synchronous probe call, on the steps that weighed a cut. Returns the same {"settings",
+    "workloads"} with new records and summaries (speedups included).
 
     In such a file a step's `step_seconds` is the runner's step alone, `tuner_seconds` the
     decision's host time without its coverage probes, and `coverage_seconds` the device time of

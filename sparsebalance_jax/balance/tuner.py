@@ -142,18 +142,15 @@ class LazyCoverage:
     """A CoverageFn over one probe of every unit at every budget (`probe()` -> [units, K],
     column k - 1: budget k), made on the first question - the rule asks only when it weighs
     lowering a unit, so a step that weighs none makes no probe. `curve` holds the probe's
-    result (None if none was made), `seconds` its time."""
+    result (None if none was made)."""
 
     def __init__(self, probe: Callable[[], np.ndarray]):
         self._probe = probe
         self.curve: np.ndarray | None = None
-        self.seconds = 0.0
 
     def __call__(self, unit: int, budget: int) -> float:
         if self.curve is None:
-            start = time.perf_counter()
             self.curve = np.asarray(self._probe(), np.float64)
-            self.seconds = time.perf_counter() - start
         return float(self.curve[unit, budget - 1])
 
 

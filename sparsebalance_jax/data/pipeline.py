@@ -209,22 +209,31 @@ class Lookahead:
 
     def __init__(self, iterator: grain.DatasetIterator):
         self._iterator = iterator
-        self._held: tuple[bytes, Any] | None = None  # (state before the batch, the batch)
+        # (state before the element, the element, the error taking it raised), while held.
+        self._held: tuple[bytes, Any, Exception | None] | None = None
 
     def __iter__(self):
         return self
 
     def __next__(self):
-        if self._held is not None:
-            batch, self._held = self._held[1], None
-            return batch
-        return next(self._iterator)
+        if self._held is None:
+            return next(self._iterator)
+        _, batch, error = self._held
+        self._held = None
+        if error is not None:
+            raise error
+        return batch
 
     def peek(self):
-        """The element `next` returns next, taken from the iterator now."""
+        """The element `next` returns next, taken from the iterator now; None if taking it
+        raised (StopIteration included): that `next` raises the error, so it surfaces where it
+        would have without the peek."""
         if self._held is None:
             before = self._state_bytes()  # serialised now: the iterator may reuse its state
-            self._held = (before, next(self._iterator))
+            try:
+                self._held = (before, next(self._iterator), None)
+            except Exception as e:  # noqa: BLE001 - kept for `next`, not handled here
+                self._held = (before, None, e)
         return self._held[1]
 
     def _state_bytes(self) -> bytes:

@@ -39,8 +39,8 @@ class FixedBudgets:
     def __init__(self, bucket: int):
         self.bucket = bucket
 
-    def prefetch(self, step_batch: dict, params) -> None:
-        del step_batch, params  # nothing to prepare
+    def prefetch(self, next_batch, params) -> None:
+        del next_batch, params  # nothing to prepare: the next batch is not even read early
 
     def decide(self, step_batch: dict, params) -> BudgetDecision:
         del params
@@ -98,13 +98,16 @@ class DstBalancer:
         self._base = cfg.attention.budget
         self._k_max = cfg.attention.budget_buckets[-1]
         self._padded_tokens = cfg.data.rows_per_micro_batch * cfg.data.seq_len
-        self._prefetched = None  # (step batch, its probe, dispatched)
+        self._prefetched = None  # (step batch, parameters, the probe dispatched on them)
 
-    def prefetch(self, step_batch: dict, params) -> None:
-        """Starts the coverage probe of `step_batch` - the next step's - with `params`, the
-        parameters that step will begin with (the current step's outputs, possibly still being
-        computed: the probe queues behind it on the device)."""
-        self._prefetched = (step_batch, self._coverage_fn(step_batch, params))
+    def prefetch(self, next_batch, params) -> None:
+        """Starts the coverage probe of the next step's batch (`next_batch()`, None where it
+        could not be read: then nothing) with `params`, the parameters that step will begin
+        with (the current step's outputs, possibly still being computed: the probe queues
+        behind it on the device)."""
+        step_batch = next_batch()
+        if step_batch is not None:
+            self._prefetched = (step_batch, params, self._coverage_fn(step_batch, params))
 
     def decide(self, step_batch: dict, params) -> BudgetDecision:
         from sparsebalance_jax.balance.tuner import (LazyCoverage, budget_bounds,
@@ -119,9 +122,9 @@ class DstBalancer:
             budget_range=budget_bounds(self._base, self._tuner.config.p, self._k_max))
         ahead = self._prefetched
         self._prefetched = None
-        curve = ahead[1] if ahead is not None and ahead[0] is step_batch else None
+        hit = ahead is not None and ahead[0] is step_batch and ahead[1] is params
         coverage = LazyCoverage(lambda: self._gather(np.asarray(
-            self._coverage_fn(step_batch, params) if curve is None else curve)))
+            ahead[2] if hit else self._coverage_fn(step_batch, params))))
         d = self._tuner.decide(self._base, seconds_SK, coverage)
         cov_S = coverage.curve[:, self._base - 1] if coverage.curve is not None else None
         local_S = d.budgets_S[self._first_shard:self._first_shard + len(step_batch["budgets"])]
@@ -132,6 +135,7 @@ class DstBalancer:
         # probe it asked for: waiting for a prefetched one, or the whole call (device time
         # included) where none was.
         extra = {"tuner/overhead_ms": 1e3 * (time.perf_counter() - start),
+                 "tuner/probe_prefetched": float(hit),
                  "tuner/imbalance_predicted_before": float(before.max() / before.mean()),
                  "tuner/imbalance_predicted_after": float(after.max() / after.mean())}
         for s, (t0, t1) in enumerate(zip(before, after)):

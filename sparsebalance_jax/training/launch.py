@@ -9,8 +9,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sparsebalance_jax.config import (Config, ConfigError, check_attention_runs_here,
+from sparsebalance_jax.config import (Config, ConfigError, MeshConfig, check_attention_runs_here,
                                       from_config_dict)
+from sparsebalance_jax.sharding import make_mesh
 from sparsebalance_jax.sharding.distributed import maybe_initialize
 from sparsebalance_jax.training.budgets import DstBalancer, FixedBudgets
 from sparsebalance_jax.training.loop import describe, train
@@ -83,18 +84,20 @@ class CoverageProbe:
     first-layer gate coverage at every budget 1..k_max (column k - 1: budget k), from one device
     call (`moba_coverage_curve`), its rows weighted by their non-padding tokens; dispatched, not
     waited for (np.asarray waits). The queries are those of every `balance.probe_stride`-th
-    token. k_max defaults to the base budget, the largest the tuner's coverage floor weighs (it
-    checks only cuts). The rows go where the parameters are: with parameters placed on a mesh
-    (the step's), shard s's rows on its data shard s, as the step places them, so that every
-    device probes its own shards at once; else on the parameters' device."""
+    token (`query_stride` overrides it). k_max defaults to the base budget, the largest the
+    tuner's coverage floor weighs (it checks only cuts). The rows go where the parameters are:
+    with parameters placed on a mesh (the step's, or with several processes this process's
+    devices: `local_copies`), shard s's rows on its data shard s, as the step places them, so
+    that every device probes its own shards at once; else on the parameters' device."""
 
-    def __init__(self, cfg: Config, model, k_max: int | None = None):
+    def __init__(self, cfg: Config, model, k_max: int | None = None,
+                 query_stride: int | None = None):
         from pallas_kernels.moba import moba_coverage_curve
         from sparsebalance_jax.model import first_layer_qk
 
         a = cfg.attention
         k_max = k_max or a.budget
-        stride = cfg.balance.probe_stride
+        stride = query_stride or cfg.balance.probe_stride
 
         def shards_coverage(params, ids_3SMRT):
             inputs_SMRT, segment_ids_SMRT, positions_SMRT = ids_3SMRT
@@ -162,8 +165,9 @@ def make_balancer(cfg: Config, cost_model):
     model = Transformer(cfg.model, cfg.attention, cfg.attention.budget_buckets[-1])
     if jax.process_count() == 1:
         return DstBalancer(cfg, cost_model, CoverageProbe(cfg, model))
-    # Several processes: each probes its own shards' rows with its local copy of the
-    # (replicated) parameters, and the per-shard inputs of the decision are all-gathered.
+    # Several processes: each probes its own shards' rows with the copies of the (replicated)
+    # parameters its devices hold - on a mesh of its local devices, each probing its own
+    # shards - and the per-shard inputs of the decision are all-gathered.
     if cfg.mesh.fsdp * cfg.mesh.tensor != 1:
         raise ConfigError("balance.dst: with several processes it needs replicated parameters "
                           f"(mesh.fsdp = mesh.tensor = 1, got {cfg.mesh.fsdp} x "
@@ -171,16 +175,29 @@ def make_balancer(cfg: Config, cost_model):
     from jax.experimental import multihost_utils
 
     probe = CoverageProbe(cfg, model)
+    local_mesh = make_mesh(MeshConfig(jax.local_device_count(), 1, 1), jax.local_devices())
+    return DstBalancer(cfg, cost_model,
+                       lambda step_batch, params: probe(step_batch,
+                                                        local_copies(params, local_mesh)),
 
-    def local_probe(step_batch, params):
-        local_params = jax.tree.map(lambda x: x.addressable_data(0), params)
-        return probe(step_batch, local_params)
-
-    per_process = cfg.num_data_shards // jax.process_count()
-    return DstBalancer(cfg, cost_model, local_probe,
                        gather=lambda x: np.asarray(multihost_utils.process_allgather(
                            np.asarray(x), tiled=True)),
-                       first_shard=jax.process_index() * per_process)
+                       first_shard=jax.process_index() * (cfg.num_data_shards
+                                                          // jax.process_count()))
+
+
+def local_copies(params, local_mesh):
+    """Replicated parameters of a multi-process mesh as arrays replicated on `local_mesh`
+    (this process's devices), built from the copies those devices already hold: no transfer."""
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    replicated = NamedSharding(local_mesh, PartitionSpec())
+
+    def one(x):
+        by_device = {shard.device: shard.data for shard in x.addressable_shards}
+        return jax.make_array_from_single_device_arrays(
+            x.shape, replicated, [by_device[d] for d in local_mesh.devices.flat])
+    return jax.tree.map(one, params)
 
 
 def run(raw) -> dict:

@@ -139,9 +139,9 @@ def train(cfg: Config, data_iterator, balancer, *, show_progress: bool = True,
             t0 = time.perf_counter()
             state, metrics, shard_seconds = steps(decision.bucket, state, batch)
             if step + 1 < cfg.train.num_steps:
-                # While the step runs: the next batch, and what the balancer needs of it (DST's
-                # coverage probe, with the parameters this step is computing).
-                balancer.prefetch(data_iterator.peek(), state.params)
+                # While the step runs: what the balancer needs of the next batch, if anything
+                # (DST's coverage probe, with the parameters this step is computing).
+                balancer.prefetch(data_iterator.peek, state.params)
             loss = float(metrics["loss"])  # Blocks: the step's time is measured to here.
             seconds = time.perf_counter() - t0
             if not math.isfinite(loss):
