@@ -82,5 +82,6 @@ def main(argv):
         for name, us, count in host_event_times(trace, 8):
             print(f"  {us / 3 / 1e3:8.3f} ms  x{count / 3:<4g} {name[:90]}")
 
+
 if __name__ == "__main__":
     cli.run(main)

@@ -233,7 +233,7 @@ class DeviceRunner:
         probe = self._coverage["decision"]
         seconds = []
         for s in range(step_batch["inputs"].shape[0]):
-            shard = {k: step_batch[k][s:s + 1] for k in ("inputs", "segment_ids", "positions")}
+            shard = {k: step_batch[k][s:s + 1] for k in CoverageProbe.INPUTS}
             seconds.append(probe.device_seconds(shard, self.params, repeats=repeats))
         return self.shard_coverage(step_batch), max(seconds)
 
@@ -272,7 +272,6 @@ def run_method(method: Method, step_batches: list[dict[str, np.ndarray]], setup:
         host_seconds = time.perf_counter() - start
         tuner_seconds = host_seconds + probe_seconds if method.dst else 0.0
         coverage_S_K = runner.shard_coverage(batch, "report")  # report only: not timed
-        coverage_seconds, coverage_calls = probe_seconds, int(method.dst)
         coverage_S = coverage_S_K[np.arange(S), decision.budgets_S - 1]
 
         timing = runner.measure_step(batch, decision.budgets_S, decision.bucket, setup, used)
@@ -291,8 +290,8 @@ def run_method(method: Method, step_batches: list[dict[str, np.ndarray]], setup:
             coverage_S=coverage_S.tolist(),
             tokens_S=(batch["segment_ids"] != 0).reshape(S, -1).sum(-1).tolist(),
             imbalance=float(measured_S.max() / measured_S.mean()),
-            tuner_seconds=tuner_seconds, coverage_seconds=coverage_seconds,
-            coverage_calls=coverage_calls,
+            tuner_seconds=tuner_seconds, coverage_seconds=probe_seconds,
+            coverage_calls=int(method.dst),
             doc_ids=sorted(int(i) for i in batch["doc_ids"].ravel() if i >= 0))
         records.append(record)
         log(f"  {method.name:>9} step {t + 1}/{len(step_batches)}: shards "

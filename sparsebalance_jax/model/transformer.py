@@ -98,9 +98,7 @@ class Attention(nn.Module):
 
     def qkv(self, x_BTE, positions_BT):
         """Projected, rotated q [B,T,Hq,D] and k [B,T,Hkv,D], and v [B,T,Hkv,D]."""
-        theta = self.model.rope_theta
-        q_BTHD = apply_rope(self.q(x_BTE), positions_BT, theta)
-        k_BTKD = apply_rope(self.k(x_BTE), positions_BT, theta)
+        q_BTHD, k_BTKD = self.gate_qk(x_BTE, positions_BT)
         q_BTHD = nn.with_logical_constraint(q_BTHD, ("act_batch", "act_seq", "act_heads", None))
         k_BTKD = nn.with_logical_constraint(k_BTKD, ("act_batch", "act_seq", "act_kv_heads", None))
         v_BTKD = nn.with_logical_constraint(self.v(x_BTE),

@@ -90,6 +90,8 @@ class CoverageProbe:
     devices: `local_copies`), shard s's rows on its data shard s, as the step places them, so
     that every device probes its own shards at once; else on the parameters' device."""
 
+    INPUTS = ("inputs", "segment_ids", "positions")  # the step batch's arrays it reads
+
     def __init__(self, cfg: Config, model, k_max: int | None = None,
                  query_stride: int | None = None):
         from pallas_kernels.moba import moba_coverage_curve
@@ -128,7 +130,7 @@ class CoverageProbe:
         from sparsebalance_jax.sharding import BATCH_AXES
 
         # One host-to-device copy, not three: each costs the call a transfer's fixed part.
-        ids_3SMRT = np.stack([step_batch[k] for k in ("inputs", "segment_ids", "positions")])
+        ids_3SMRT = np.stack([step_batch[k] for k in self.INPUTS])
         mesh = self._mesh(params)
         if mesh is None:
             return ids_3SMRT
