@@ -123,13 +123,7 @@ class LatencyModel(abc.ABC):
         lengths_N = np.asarray(doc_lengths, dtype=np.int64)
         lengths_N = lengths_N[lengths_N > 0]
         seconds = self.call_seconds + float(self.doc_seconds(lengths_N, budget).sum())
-        if padded_tokens is not None:
-            pad = padded_tokens - int(lengths_N.sum())
-            if pad < 0:
-                raise ValueError(f"documents hold {lengths_N.sum()} tokens, more than "
-                                 f"padded_tokens={padded_tokens}")
-            seconds += pad * self.pad_seconds_per_token
-        return seconds
+        return seconds + float(np.sum(self._padding_seconds(lengths_N[None], padded_tokens)))
 
     def predict_batch(self, doc_lengths_BD: np.ndarray, budget_B: np.ndarray | int, *,
                       padded_tokens: int | None = None) -> np.ndarray:
