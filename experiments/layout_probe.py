@@ -1,7 +1,8 @@
 """Ways to compute the KV layout's ranks (each (token, slot)'s place in its block's run, and
 each block's reader count) and dk/dv's item order, timed alone on a real gate's selection:
-which XLA formulation the GPU runs fastest. Every variant's output is checked equal to
-kv_layout._read_ranks' first. GPU (or, slowly, CPU at a small size).
+which formulation (XLA's, or kv_layout.tile_read_ranks' kernel at several tiles and warps) the
+GPU runs fastest. Every variant's output is checked equal to kv_layout._read_ranks' first.
+GPU (or, slowly, CPU at a small size: the kernel in interpret mode).
 
     python -m experiments.layout_probe --ks 3 8 16 --out /tmp/layout_probe.json
 """
@@ -139,6 +140,12 @@ def ranks_chunked(sel_BGTK, n, *, reads, compares, reads_chunk=None):
   return before_BGTK + within_compare(sel_BGCPK).reshape(b, g, t, k), total_BGN
 
 
+def _tile_ranks_of_bgtk(sel_BTGK, n, **kwargs):
+  """kv_layout.tile_read_ranks on the gate's own [B, T, G, K] selection (main passes it so)."""
+  return kv_layout.tile_read_ranks(sel_BTGK, n, interpret=jax.default_backend() != "gpu",
+                                   **kwargs)
+
+
 def main():
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--seq", type=int, default=32768)
@@ -182,17 +189,24 @@ def main():
         name = (f"sorted, {'batched' if batched else 'one sort'}, "
                 f"{jnp.dtype(key_dtype).name} keys")
         variants[name] = functools.partial(ranks_sorted, batched=batched, key_dtype=key_dtype)
+    # The tile kernel (kv_layout.tile_read_ranks) reads the gate's [B, T, G, K] selection.
+    for tile in (32, 64, 128):
+      for warps in (2, 4, 8):
+        if k_max <= kv_layout.TILE_RANK_MAX_SLOTS and tile * warps <= 512:
+          variants[f"tile kernel, {tile} tokens, {warps} warps"] = functools.partial(
+              _tile_ranks_of_bgtk, block_size=args.block, tile=tile, num_warps=warps)
     if args.only:
       variants = {name: fn for name, fn in variants.items()
                   if any(part in name for part in args.only)}
     for name, fn in variants.items():
       f = jax.jit(fn, static_argnames="n")
-      rank, total = f(sel_BGTK, n)
+      arg = sel.selected_BTGK if name.startswith("tile kernel") else sel_BGTK
+      rank, total = f(arg, n)
       ok = bool(np.array_equal(np.asarray(rank)[used], np.asarray(want_rank)[used])
                 and np.array_equal(np.asarray(total), np.asarray(want_total)))
-      ms = time_pipelined(f, sel_BGTK, n, calls=args.calls) * 1e3
+      ms = time_pipelined(f, arg, n, calls=args.calls) * 1e3
       # Whether XLA ran a sort as CUB's radix sort (a custom call) or its own sort kernel.
-      hlo = f.lower(sel_BGTK, n).compile().as_text()
+      hlo = f.lower(arg, n).compile().as_text()
       sort = "cub" if "cub" in hlo.lower() else ("xla" if " sort(" in hlo else "-")
       rows.append({"k_max": k_max, "variant": name, "ms": ms, "equal": ok, "sort": sort})
       print(f"k_max {k_max:2d}  {ms:7.4f} ms  equal={ok}  sort={sort}  {name}", flush=True)

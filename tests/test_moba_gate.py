@@ -450,3 +450,79 @@ def test_gpu_compiled_gate_over_chunks_matches_gate(k_max):
   assert differ.mean() < 1e-3
   scale = np.abs(scores[np.isfinite(scores)]).max()
   np.testing.assert_allclose(at(got_k)[differ], at(want_k)[differ], rtol=0, atol=1e-5 * scale)
+
+
+@pytest.mark.parametrize("block_size, tile, k_max", [(64, 32, 3), (32, 64, 4), (64, 64, 8),
+                                                      (128, 16, 2)])
+def test_tile_read_ranks_equal_running_count(block_size, tile, k_max):
+  """kv_layout.tile_read_ranks (its kernel in interpret mode) gives _read_ranks' ranks on every
+  used slot and its reader counts, with packed documents, padding and ragged budgets - tiles
+  inside one block (own slots compared apart) and tiles across blocks (32 < 64) alike."""
+  rng = np.random.default_rng()
+  b, t = 2, 1024
+  q, k = _inputs(rng, b=b, t=t)
+  seg = packed_segments(rng, b, t, block_size, aligned=bool(rng.integers(2)))
+  budget = jnp.asarray(rng.integers(1, k_max + 1, b), jnp.int32)
+  sel = moba_gate(q, k, seg, budget, block_size=block_size, k_max=k_max)
+  n = t // block_size
+  sel_BGTK = jnp.transpose(sel.selected_BTGK, (0, 2, 1, 3))
+  used = np.asarray(sel_BGTK < n)
+  want_rank, want_total = kv_layout._read_ranks(sel_BGTK, n)
+  rank, total = kv_layout.tile_read_ranks(sel.selected_BTGK, n, block_size=block_size,
+                                          interpret=True, tile=tile)
+  np.testing.assert_array_equal(np.asarray(rank)[used], np.asarray(want_rank)[used])
+  np.testing.assert_array_equal(np.asarray(total), np.asarray(want_total))
+  assert used.sum() > b * t  # picks beyond the own blocks were ranked
+
+
+def test_layout_from_tile_ranks_is_the_same():
+  """build_kv_layout(tile_ranks=True) builds the running count's layout, field by field."""
+  rng = np.random.default_rng()
+  b, t, block_size = 2, 512, 64
+  q, k = _inputs(rng, b=b, t=t)
+  seg = packed_segments(rng, b, t, block_size, aligned=False)
+  sel = moba_gate(q, k, seg, jnp.asarray([4, 2], jnp.int32), block_size=block_size, k_max=4)
+  kw = dict(num_blocks=t // block_size, group_size=2, block_rows=16, pad_rows=32)
+  want = kv_layout.build_kv_layout(sel, seg, **kw)
+  got = kv_layout.build_kv_layout(sel, seg, tile_ranks=True, interpret=True, **kw)
+  for field in ("row_src_BGL", "row_seg_BGL", "row_pos_BGL", "entry_row_BGTK", "chunk_block_BGC",
+                "chunk_full_BGC", "block_chunks_BGN2"):
+    np.testing.assert_array_equal(np.asarray(getattr(got, field)),
+                                  np.asarray(getattr(want, field)), err_msg=field)
+
+
+def test_tile_read_ranks_refuses_what_it_cannot_take():
+  sel = jnp.zeros((1, 256, 2, 3), jnp.int32)
+  with pytest.raises(ValueError, match="at most 8 slots"):
+    kv_layout.tile_read_ranks(jnp.zeros((1, 256, 2, 9), jnp.int32), 4, block_size=64,
+                              interpret=True)
+  with pytest.raises(ValueError, match="tile=48"):
+    kv_layout.tile_read_ranks(sel, 4, block_size=64, interpret=True, tile=48)
+  with pytest.raises(ValueError, match="dividing T=256"):
+    kv_layout.tile_read_ranks(sel, 4, block_size=64, interpret=True, tile=512)
+  assert kv_layout.tile_ranks_fit(32768, 8) and not kv_layout.tile_ranks_fit(32768, 9)
+  assert not kv_layout.tile_ranks_fit(1000, 3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("block_size, k_max", [(512, 3), (512, 8), (256, 4)])
+def test_gpu_compiled_tile_ranks_equal_running_count(block_size, k_max):
+  """The compiled tile_read_ranks kernel at S=32K, 16 KV groups (the headline's shape) gives
+  _read_ranks' ranks and counts: one document per row, and packed documents with padding."""
+  rng = np.random.default_rng()
+  b, t, hq, d = 2, 32768, 16, 64
+  n = t // block_size
+  q = jnp.asarray(rng.standard_normal((b, t, hq, d)), jnp.bfloat16)
+  k = jnp.asarray(rng.standard_normal((b, t, hq, d)), jnp.bfloat16)
+  seg = jnp.stack([jnp.ones((t,), jnp.int32),
+                   packed_segments(rng, 1, t, 4 * block_size, aligned=False)[0]])
+  budget = jnp.asarray([k_max, 2], jnp.int32)
+  sel = gating.fused_gate(q, k, seg, budget, block_size=block_size, k_max=k_max,
+                          interpret=False)
+  sel_BGTK = jnp.transpose(sel.selected_BTGK, (0, 2, 1, 3))
+  used = np.asarray(sel_BGTK < n)
+  want_rank, want_total = jax.jit(kv_layout._read_ranks, static_argnums=1)(sel_BGTK, n)
+  rank, total = jax.jit(lambda s: kv_layout.tile_read_ranks(
+      s, n, block_size=block_size, interpret=False))(sel.selected_BTGK)
+  np.testing.assert_array_equal(np.asarray(rank)[used], np.asarray(want_rank)[used])
+  np.testing.assert_array_equal(np.asarray(total), np.asarray(want_total))

@@ -159,6 +159,12 @@ def _moba_bwd(block_size, bs, interpret, backend, res, do_BTHD):
 _moba_core.defvjp(_moba_fwd, _moba_bwd)
 
 
+# Whether the layout ranks by kv_layout.tile_read_ranks' kernel where it fits (else by the
+# running count of kv_layout._read_ranks, XLA only). The same layout either way (tested); off
+# until the two are timed against each other on the H200 (benchmarks/h200/session33/call1.sh).
+_TILE_RANKS = False
+
+
 def gate_and_layout(q_BTHD, k_BTKD, segment_ids_BT, budget_B, *, block_size: int, k_max: int,
                     bs: MobaBlockSizes, interpret: bool, backend: str = "triton"
                     ) -> tuple[gating.MobaSelection, kv_layout.MobaKVLayout]:
@@ -173,7 +179,9 @@ def gate_and_layout(q_BTHD, k_BTKD, segment_ids_BT, budget_B, *, block_size: int
   layout = kv_layout.build_kv_layout(
       sel, segment_ids_BT, num_blocks=q_BTHD.shape[1] // block_size,
       group_size=q_BTHD.shape[2] // k_BTKD.shape[2], block_rows=bs.block_rows,
-      mark_full=bs.skip_full_masks, pad_rows=_PAD_ROWS.get(backend))
+      mark_full=bs.skip_full_masks, pad_rows=_PAD_ROWS.get(backend),
+      tile_ranks=_TILE_RANKS and kv_layout.tile_ranks_fit(q_BTHD.shape[1], k_max),
+      interpret=bool(interpret))
   return sel, layout
 
 

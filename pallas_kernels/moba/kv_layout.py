@@ -10,10 +10,13 @@ first and one-past-last chunk. This plays the part of splash attention's MaskInf
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import jax
 import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
 
 from pallas_kernels.moba.gating import MobaSelection
 
@@ -99,9 +102,96 @@ def ranks_from_counts(within_BGCPN, sel_BGTK) -> tuple[jax.Array, jax.Array]:
           before_BGCN[:, :, -1] + totals_BGCN[:, :, -1])
 
 
+# tile_read_ranks: tokens per program, the warps that run one, and the most slots it takes (its
+# comparisons grow with the square of the slots per token).
+TILE_RANK_TOKENS = 64
+TILE_RANK_WARPS = 4
+TILE_RANK_MAX_SLOTS = 8
+
+
+def tile_ranks_fit(num_tokens: int, k_max: int) -> bool:
+  """Whether tile_read_ranks takes a selection of num_tokens tokens and k_max slots (where
+  moba_attention's layout ranks by it: the running count's [B, G, T, N] products and reads
+  cost more on the H200, BENCHMARKS.md)."""
+  return k_max <= TILE_RANK_MAX_SLOTS and num_tokens % TILE_RANK_TOKENS == 0
+
+
+def _tile_ranks_kernel(*refs, num_slots: int, own_apart: bool):
+  """One tile of a (row, KV group)'s tokens: per slot, how many (token, slot) entries of the
+  tile's earlier tokens read the same block (pairwise comparisons of the slots' block ids),
+  and how many of the tile's entries read each block. own_apart: the tile lies in one KV
+  block, so a token's own block (slot 0) is never another token's pick (picks precede the
+  own block) and the own and picked slots are compared only among themselves."""
+  sel_refs, rank_refs, hist_ref = refs[:num_slots], refs[num_slots:-1], refs[-1]
+  cols = [ref[...] for ref in sel_refs]
+  tile = cols[0].shape[0]
+  at = jnp.arange(tile, dtype=jnp.int32)
+  earlier = at[None, :] < at[:, None]  # [token, other token]
+  for s, rank_ref in enumerate(rank_refs):
+    count = jnp.zeros((tile,), jnp.int32)
+    for s2 in range(num_slots):
+      if own_apart and (s == 0) != (s2 == 0):
+        continue
+      same = (cols[s2][None, :] == cols[s][:, None]) & earlier
+      count = count + jnp.sum(same.astype(jnp.int32), axis=1)
+    rank_ref[...] = count
+  blk = jnp.arange(hist_ref.shape[-1], dtype=jnp.int32)
+  hist = jnp.zeros(blk.shape, jnp.int32)
+  for col in cols:
+    hist = hist + jnp.sum((col[:, None] == blk[None, :]).astype(jnp.int32), axis=0)
+  hist_ref[...] = hist
+
+
+def tile_read_ranks(sel_BTGK, n: int, *, block_size: int, interpret: bool,
+                    tile: int = TILE_RANK_TOKENS, num_warps: int = TILE_RANK_WARPS
+                    ) -> tuple[jax.Array, jax.Array]:
+  """_read_ranks' outputs (int32 [B, G, T, K] ranks, [B, G, N] reader counts) from the
+  query-centric selection [B, T, G, K] (block ids; unused slots >= n), by a Pallas kernel
+  (Triton lowering; interpret: CPU) per tile of `tile` tokens of a (row, KV group) - the ranks
+  among the tile's earlier tokens and the tile's reads of each block - then each tile's
+  earlier reads of the slot's block added from a cumulative sum over the tiles ([B, G, T / tile,
+  N]). Nothing of size T x N is made (_read_ranks' running count is [B, G, T, N]).
+  Needs K <= TILE_RANK_MAX_SLOTS and `tile` (a power of two, at least 16) dividing T."""
+  b, t, g, k = sel_BTGK.shape
+  if k > TILE_RANK_MAX_SLOTS:
+    raise ValueError(f"tile_read_ranks takes at most {TILE_RANK_MAX_SLOTS} slots per token, got "
+                     f"{k}: its comparisons grow with their square (_read_ranks takes any)")
+  if tile < 16 or tile & (tile - 1) or t % tile:
+    raise ValueError(f"tile={tile} must be a power of two >= 16 dividing T={t}")
+  c = t // tile
+  # Block columns of the tile's read counts; unused slots (ids >= n) fall past them or into
+  # the columns past n, which are dropped.
+  npad = max(16, pl.next_power_of_2(n))
+  sel_BTGK = sel_BTGK.astype(jnp.int32)
+  slot_spec = lambda s: pl.BlockSpec((None, tile, None, None), lambda b_, g_, i: (b_, i, g_, s))
+  *rank_BGT, hist_BGCX = pl.pallas_call(
+      functools.partial(_tile_ranks_kernel, num_slots=k,
+                        own_apart=block_size % tile == 0),
+      grid=(b, g, c),
+      in_specs=[slot_spec(s) for s in range(k)],
+      out_specs=[pl.BlockSpec((None, None, tile), lambda b_, g_, i: (b_, g_, i))] * k
+      + [pl.BlockSpec((None, None, None, npad), lambda b_, g_, i: (b_, g_, i, 0))],
+      out_shape=[jax.ShapeDtypeStruct((b, g, t), jnp.int32)] * k
+      + [jax.ShapeDtypeStruct((b, g, c, npad), jnp.int32)],
+      compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
+      interpret=interpret,
+      name="moba_tile_ranks",
+  )(*[sel_BTGK] * k)
+  totals_BGCN = hist_BGCX[..., :n]
+  before_BGCN = jnp.cumsum(totals_BGCN, axis=2, dtype=jnp.int32) - totals_BGCN
+  blk_BGTK = jnp.minimum(jnp.transpose(sel_BTGK, (0, 2, 1, 3)), n - 1)
+  at_BGTK = (jnp.arange(t, dtype=jnp.int32) // tile)[:, None] * n + blk_BGTK
+  offset_BGTK = jnp.take_along_axis(before_BGCN.reshape(b, g, c * n),
+                                    at_BGTK.reshape(b, g, t * k), axis=2,
+                                    mode="promise_in_bounds").reshape(b, g, t, k)
+  return (jnp.stack(rank_BGT, axis=-1) + offset_BGTK,
+          before_BGCN[:, :, -1] + totals_BGCN[:, :, -1])
+
+
 def build_kv_layout(sel: MobaSelection, segment_ids_BT: jax.Array, *, num_blocks: int,
                     group_size: int, block_rows: int, mark_full: bool = True,
-                    pad_rows: int | None = None) -> MobaKVLayout:
+                    pad_rows: int | None = None, tile_ranks: bool = False,
+                    interpret: bool = False) -> MobaKVLayout:
   """Transpose the selection into the KV-centric sorted-row layout the kernels read.
 
   Sort-free: a token's rank among the tokens that read block j is a count (see
@@ -110,6 +200,8 @@ def build_kv_layout(sel: MobaSelection, segment_ids_BT: jax.Array, *, num_blocks
   pad_rows (a multiple of block_rows; default block_rows): each block's run is padded to a
   multiple of it, so that runs of pad_rows rows also read one block each (the Hopper
   persistent forward's 128-row work items); chunks of padding only are unused (-1).
+  tile_ranks: the ranks by tile_read_ranks' kernel (interpret: in interpret mode, on CPU),
+  else by _read_ranks' running count (XLA only); the same layout either way.
   """
   sel_BGTK = jnp.transpose(sel.selected_BTGK, (0, 2, 1, 3))
   b, g, t, kmax = sel_BGTK.shape
@@ -118,7 +210,11 @@ def build_kv_layout(sel: MobaSelection, segment_ids_BT: jax.Array, *, num_blocks
   if pad % r:
     raise ValueError(f"pad_rows={pad} must be a multiple of block_rows={r}")
   cap_rows = -(-(t * kmax * gh + n * (pad - 1)) // pad) * pad
-  rank_BGTK, cnt_BGN = _read_ranks(sel_BGTK, n)
+  if tile_ranks:
+    rank_BGTK, cnt_BGN = tile_read_ranks(sel.selected_BTGK, n, block_size=t // n,
+                                         interpret=interpret)
+  else:
+    rank_BGTK, cnt_BGN = _read_ranks(sel_BGTK, n)
   padded_BGN = -(-(cnt_BGN * gh) // pad) * pad
   row_end_BGN = jnp.cumsum(padded_BGN, axis=-1).astype(jnp.int32)
   row_start_BGN = row_end_BGN - padded_BGN
