@@ -5,6 +5,10 @@ read, each block's run padded to a multiple of `block_rows`, so every `block_row
 the sorted list reads exactly one KV block. Per chunk: its block id (-1 = unused chunk) and
 whether it attends its block whole (`full_chunks`, `attended_key_tiles`); per block: its
 first and one-past-last chunk. This plays the part of splash attention's MaskInfo.
+
+A token's place in a block's run is its rank among the tokens that read the block: counted by
+XLA from a [B, G, T, N] running count (`_read_ranks`), or by a Pallas kernel per tile of
+tokens (`tile_read_ranks`); the same layout either way.
 """
 
 from __future__ import annotations
