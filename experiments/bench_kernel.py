@@ -37,7 +37,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from pallas_kernels.moba import (MobaBlockSizes, build_kv_layout, moba_attention,  # noqa: E402
                                  moba_gate, moba_reference)
-from pallas_kernels.moba import attention, gating, hopper, kernels, kv_layout  # noqa: E402
+from pallas_kernels.moba import attention, gating, hopper, kernels  # noqa: E402
 from pallas_kernels.moba.reference import reference_gate_scores  # noqa: E402
 from sparsebalance_jax.balance.timing import (clocked_call, time_call,  # noqa: E402
                                               time_on_device, time_pipelined)
@@ -220,7 +220,7 @@ def profile_stages(t, block, k, hq, hkv, d, variants, reps, batch=1):
     tag = variant_tag(bs)
     lay_fn = jax.jit(lambda sel: build_kv_layout(
         sel, seg, num_blocks=n, group_size=gh, block_rows=bs.block_rows,
-        mark_full=bs.skip_full_masks, tile_ranks=kv_layout.tile_ranks_fit(t, k),
+        mark_full=bs.skip_full_masks, tile_ranks=attention.layout_tile_ranks(t, k),
         interpret=INTERPRET))
     row[f"layout_ms_{tag}"] = timeit(lay_fn, sel, reps=reps)
     lay = lay_fn(sel)

@@ -165,6 +165,13 @@ _moba_core.defvjp(_moba_fwd, _moba_bwd)
 _TILE_RANKS = False
 
 
+def layout_tile_ranks(num_tokens: int, k_max: int) -> bool:
+  """Whether gate_and_layout's layout ranks by kv_layout.tile_read_ranks (_TILE_RANKS, where
+  the kernel takes the shape): build_kv_layout's tile_ranks for callers that build the same
+  layout."""
+  return _TILE_RANKS and kv_layout.tile_ranks_fit(num_tokens, k_max)
+
+
 def gate_and_layout(q_BTHD, k_BTKD, segment_ids_BT, budget_B, *, block_size: int, k_max: int,
                     bs: MobaBlockSizes, interpret: bool, backend: str = "triton"
                     ) -> tuple[gating.MobaSelection, kv_layout.MobaKVLayout]:
@@ -180,7 +187,7 @@ def gate_and_layout(q_BTHD, k_BTKD, segment_ids_BT, budget_B, *, block_size: int
       sel, segment_ids_BT, num_blocks=q_BTHD.shape[1] // block_size,
       group_size=q_BTHD.shape[2] // k_BTKD.shape[2], block_rows=bs.block_rows,
       mark_full=bs.skip_full_masks, pad_rows=_PAD_ROWS.get(backend),
-      tile_ranks=_TILE_RANKS and kv_layout.tile_ranks_fit(q_BTHD.shape[1], k_max),
+      tile_ranks=layout_tile_ranks(q_BTHD.shape[1], k_max),
       interpret=bool(interpret))
   return sel, layout
 

@@ -92,18 +92,26 @@ def ranks_from_counts(within_BGCPN, sel_BGTK) -> tuple[jax.Array, jax.Array]:
   """_read_ranks' outputs from each chunk's running count of each block's readers
   (inclusive, [B, G, C, P, N], exact in its dtype) and the selection [B, G, T, K]."""
   b, g, c, p, n = within_BGCPN.shape
-  t, k = sel_BGTK.shape[2:]
-  totals_BGCN = within_BGCPN[:, :, :, -1].astype(jnp.int32)
-  before_BGCN = jnp.cumsum(totals_BGCN, axis=2, dtype=jnp.int32) - totals_BGCN
-  blk_BGTK = jnp.minimum(sel_BGTK, n - 1)
+  t = sel_BGTK.shape[2]
   # Inclusive of the token itself, which reads the block on every used slot.
   # (Block ids in range: sel_BGTK >= 0, clamped below n.)
-  upto_BGTK = jnp.take_along_axis(within_BGCPN.reshape(b, g, t, n), blk_BGTK, axis=3,
-                                  mode="promise_in_bounds")
-  before_BGTK = jnp.take_along_axis(before_BGCN, blk_BGTK.reshape(b, g, c, p * k), axis=3,
+  upto_BGTK = jnp.take_along_axis(within_BGCPN.reshape(b, g, t, n),
+                                  jnp.minimum(sel_BGTK, n - 1), axis=3, mode="promise_in_bounds")
+  return _plus_earlier_chunks(upto_BGTK.astype(jnp.int32) - 1,
+                              within_BGCPN[:, :, :, -1].astype(jnp.int32), sel_BGTK)
+
+
+def _plus_earlier_chunks(rank_in_BGTK, totals_BGCN, sel_BGTK) -> tuple[jax.Array, jax.Array]:
+  """Ranks within each chunk of T / C tokens (int32 [B, G, T, K]) made ranks in the whole
+  row: plus the reads of each slot's block in the chunks before (from each chunk's reads of
+  each block, int32 [B, G, C, N]); and each block's reader count [B, G, N]."""
+  b, g, c, n = totals_BGCN.shape
+  t, k = sel_BGTK.shape[2:]
+  before_BGCN = jnp.cumsum(totals_BGCN, axis=2, dtype=jnp.int32) - totals_BGCN
+  blk_BGCX = jnp.minimum(sel_BGTK, n - 1).reshape(b, g, c, (t // c) * k)
+  before_BGTK = jnp.take_along_axis(before_BGCN, blk_BGCX, axis=3,
                                     mode="promise_in_bounds").reshape(b, g, t, k)
-  return (upto_BGTK.astype(jnp.int32) - 1 + before_BGTK,
-          before_BGCN[:, :, -1] + totals_BGCN[:, :, -1])
+  return rank_in_BGTK + before_BGTK, before_BGCN[:, :, -1] + totals_BGCN[:, :, -1]
 
 
 # tile_read_ranks: tokens per program, the warps that run one, and the most slots it takes (its
@@ -181,15 +189,8 @@ def tile_read_ranks(sel_BTGK, n: int, *, block_size: int, interpret: bool,
       interpret=interpret,
       name="moba_tile_ranks",
   )(*[sel_BTGK] * k)
-  totals_BGCN = hist_BGCX[..., :n]
-  before_BGCN = jnp.cumsum(totals_BGCN, axis=2, dtype=jnp.int32) - totals_BGCN
-  blk_BGTK = jnp.minimum(jnp.transpose(sel_BTGK, (0, 2, 1, 3)), n - 1)
-  at_BGTK = (jnp.arange(t, dtype=jnp.int32) // tile)[:, None] * n + blk_BGTK
-  offset_BGTK = jnp.take_along_axis(before_BGCN.reshape(b, g, c * n),
-                                    at_BGTK.reshape(b, g, t * k), axis=2,
-                                    mode="promise_in_bounds").reshape(b, g, t, k)
-  return (jnp.stack(rank_BGT, axis=-1) + offset_BGTK,
-          before_BGCN[:, :, -1] + totals_BGCN[:, :, -1])
+  return _plus_earlier_chunks(jnp.stack(rank_BGT, axis=-1), hist_BGCX[..., :n],
+                              jnp.transpose(sel_BTGK, (0, 2, 1, 3)))
 
 
 def build_kv_layout(sel: MobaSelection, segment_ids_BT: jax.Array, *, num_blocks: int,
