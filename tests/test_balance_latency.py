@@ -109,23 +109,48 @@ def test_a_packed_call_pays_its_fixed_part_once():
 
 
 def test_extrapolating_past_a_table_too_short_for_the_budget_names_file_and_command(tmp_path):
-    # Longest length 64 tokens = 4 blocks of 16: at budget 4 the last segment already has every
-    # query block past the first four attend to 4 blocks; at budget 8 it does not.
-    table = latency.LatencyTable(device_kind="cpu", shape=SHAPE, lengths=(32, 64),
-                                 budgets=(4, 8), seconds_LK=((1.0, 1.0), (2.0, 2.5)),
-                                 pad_seconds_L=_pad((32, 64)))
+    # Blocks of 16 tokens. From k - 1 blocks on, each further block attends to k blocks: the
+    # last segment (48 -> 64 tokens, 3 -> 4 blocks) is linear at budget 4 and extends; at
+    # budget 8 it is not (it would need lengths from 7 blocks = 112 tokens on).
+    table = latency.LatencyTable(device_kind="cpu", shape=SHAPE, lengths=(48, 64),
+                                 budgets=(4, 8), seconds_LK=((1.5, 1.5), (2.0, 2.5)),
+                                 pad_seconds_L=_pad((48, 64)))
     latency.save_table(str(tmp_path), table)
     model = latency.ProfiledLatencyModel.load(str(tmp_path), "cpu", SHAPE)
     assert model.predict([96], 4) == pytest.approx(3.0, rel=1e-12)
     assert model.predict([64], 8) == 2.5  # at the last length: no extrapolation
     path = latency.table_path(str(tmp_path), "cpu", SHAPE)
-    with pytest.raises(ValueError, match=r"8 x 16 = 128 tokens") as error:
+    with pytest.raises(ValueError, match=r"7 x 16 = 112 tokens \(its last segment starts at "
+                                         r"48\)") as error:
         model.predict([96], 8)
     assert path in str(error.value)
-    assert "experiments.profile_latency --config=configs/longbench.py --lengths=32,64,128" in \
-        str(error.value)
-    with pytest.raises(ValueError, match="128 tokens"):  # the tuner's path, one budget per row
+    assert "experiments.profile_latency --config=configs/longbench.py --lengths=48,64,112,128" \
+        in str(error.value)
+    with pytest.raises(ValueError, match="112 tokens"):  # the tuner's path, one budget per row
         model.predict_per_budget(np.array([[96, 0]]), np.array([4, 8]))
+
+
+def test_extrapolating_from_a_segment_inside_the_triangle_is_refused():
+    # A layer whose time is linear in the blocks attended (blocks of 16, budget 4): from 3
+    # blocks on each further block adds 4, before that 1, 2, 3. A table at (32, 64) tokens
+    # ends on a segment from 2 blocks, whose slope (3.5 blocks a block) would underprice every
+    # longer document; it is refused, and the lengths the message asks for extend exactly.
+    def seconds(n):
+        return 0.01 * n + 0.5 * float(latency.attended_blocks(np.array([n]), 4, 16)[0])
+
+    def model(lengths):
+        return latency.ProfiledLatencyModel(latency.LatencyTable(
+            device_kind="cpu", shape=SHAPE, lengths=lengths, budgets=(4,),
+            seconds_LK=tuple((seconds(n),) for n in lengths), pad_seconds_L=_pad(lengths)))
+
+    short = model((32, 64))
+    assert short.predict([64], 4) == pytest.approx(seconds(64), rel=1e-12)
+    slope_inside = (seconds(64) - seconds(32)) / 32
+    assert seconds(64) + 32 * slope_inside < seconds(96)  # what extending it would predict
+    with pytest.raises(ValueError, match=r"3 x 16 = 48 tokens \(its last segment starts at "
+                                         r"32\).*--lengths=32,48,64 "):
+        short.predict([96], 4)
+    assert model((32, 48, 64)).predict([96], 4) == pytest.approx(seconds(96), rel=1e-12)
 
 
 def test_table_time_never_falls_as_the_budget_rises():

@@ -128,6 +128,36 @@ def test_resume_under_other_settings_goes_on_from_the_next_window(name):
         iter(_batcher(lengths, name, window=1)).set_state(mid)
 
 
+def test_resume_inside_a_window_refuses_other_cost_numbers_or_other_documents():
+    """SAB's plan depends on the cost model's numbers, not only on its kind: a state saved
+    inside a window is refused under a model with other throughputs (re-planning the half-emitted
+    window would repeat some documents and skip others), and under the same settings a window
+    that reads back with other documents is refused too."""
+    lengths = np.random.default_rng().integers(1, 64, size=90)
+    it = iter(_batcher(lengths, "sab", window=3))
+    next(it)
+    mid = json.loads(json.dumps(it.get_state()))
+    assert mid["emitted"] < mid["window_steps"]
+    other = batching.make_batcher(
+        "sab", grain.MapDataset.source([_doc(i + 1, int(n)) for i, n in enumerate(lengths)])
+        .to_iter_dataset(), num_shards=2, micro_batches=2, rows_per_micro_batch=2, row_len=64,
+        align=ALIGN, base_budget=2, window=3, seed=0,
+        cost_model=AnalyticLatencyModel(COST.shape, attention_flops_per_s=1.0e13))
+    with pytest.raises(batching.BatcherStateError, match=r"cost_model: 'AnalyticLatencyModel "
+                                                         r"[0-9a-f]{12}' -> .*halfway"):
+        iter(other).set_state(mid)
+    shorter = np.where(np.arange(90) < 20, np.maximum(lengths // 4, 1), lengths)
+    with pytest.raises(batching.BatcherStateError, match=r"reads back as .* documents differ"):
+        iter(_batcher(shorter, "sab", window=3)).set_state(mid)
+    # The same settings and documents resume where the saved run stood; so does a state that
+    # names only the cost model's class (saved before its fingerprint was).
+    want = next(it)["inputs"]
+    for saved in (mid["settings"], dict(mid["settings"], cost_model="AnalyticLatencyModel")):
+        resumed = iter(_batcher(lengths, "sab", window=3))
+        resumed.set_state(dict(mid, settings=saved))
+        np.testing.assert_array_equal(next(resumed)["inputs"], want)
+
+
 def test_document_longer_than_a_row_is_an_error():
     with pytest.raises(ValueError, match="does not fit a row"):
         list(_batcher([10, 65, 3], "sab"))

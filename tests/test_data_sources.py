@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from sparsebalance_jax.data import documents, sources
-from sparsebalance_jax.data.jsonl import JsonlIndex, MalformedDataError, parse_record
+from sparsebalance_jax.data.jsonl import JsonlIndex, MalformedDataError, RecordError, parse_record
 from sparsebalance_jax.data.lengths import sample_lengths
 from sparsebalance_jax.data.tokenizer import (ASSISTANT_ID, BOS_ID, EOS_ID, USER_ID,
                                               make_tokenizer)
@@ -177,3 +177,26 @@ def test_every_jsonl_file_must_give_records(tmp_path):
 def test_parse_record_rejects_unknown_layout():
     with pytest.raises(ValueError, match="unrecognised layout"):
         parse_record({"text": "x"})
+
+
+@pytest.mark.parametrize("record, field", [
+    ({"question": None, "answer": "a"}, "question"),
+    ({"question": "q", "answer": None}, "answer"),
+    ({"question": "q", "answer": [None]}, "answer"),
+    ({"input": None, "output": "a"}, "input"),
+    ({"input": "q", "output": None}, "output"),
+])
+def test_parse_record_refuses_a_null_prompt_or_answer(record, field):
+    # Null is an empty turn only in a message's content (LongAlign's few nulls) or an optional
+    # context; a null question or answer is a broken record, not an answer-only document.
+    with pytest.raises(RecordError, match=f"field '{field}' is null"):
+        parse_record(record)
+
+
+def test_parse_record_null_content_and_context_are_empty():
+    assert parse_record({"messages": [{"role": "system", "content": None},
+                                      {"role": "user", "content": "q"},
+                                      {"role": "assistant", "content": "a"}]}) == [
+        ("system", ""), ("user", "q"), ("assistant", "a")]
+    assert parse_record({"input": "q", "output": "a", "context": None}) == [
+        ("user", "q"), ("assistant", "a")]

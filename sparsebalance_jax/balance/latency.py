@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import hashlib
 import json
 import os
 from typing import Any, Mapping
@@ -104,6 +105,12 @@ def gated_blocks(lengths_N: np.ndarray, block_size: int) -> np.ndarray:
     return nb_N * (nb_N - 1) // 2
 
 
+def _digest(numbers: Mapping[str, Any]) -> str:
+    """12 hex digits of the SHA-256 of `numbers` as sorted JSON (floats in repr: exact)."""
+    text = json.dumps(numbers, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
 class LatencyModel(abc.ABC):
     """Predicted forward+backward seconds of one layer; see the module docstring."""
 
@@ -116,6 +123,11 @@ class LatencyModel(abc.ABC):
         """Seconds each document adds to a call at its budget -> float64; the budget broadcasts
         against the lengths (scalar or [N] -> [N]; [K, 1] -> [K, N], every document at each of
         K budgets)."""
+
+    @abc.abstractmethod
+    def fingerprint(self) -> str:
+        """A short digest of every number the predictions depend on: a batcher's saved state
+        records it, since a window planned with other numbers is another plan."""
 
     def predict(self, doc_lengths: np.ndarray, budget: int, *,
                 padded_tokens: int | None = None) -> float:
@@ -194,6 +206,13 @@ class AnalyticLatencyModel(LatencyModel):
         # Fixed-shape steps run the dense layers over padding too; `padding_is_free` models a
         # variable-length step (only document tokens cost), for comparison with such systems.
         self.pad_seconds_per_token = 0.0 if padding_is_free else self.seconds_per_token
+
+    def fingerprint(self) -> str:
+        return _digest(dict(shape=dataclasses.asdict(self.shape),
+                            seconds_per_token=self.seconds_per_token,
+                            seconds_per_block_pair=self.seconds_per_block_pair,
+                            seconds_per_gate_block=self.seconds_per_gate_block,
+                            pad_seconds_per_token=self.pad_seconds_per_token))
 
     def doc_seconds(self, lengths_N, budget):
         lengths_N = np.asarray(lengths_N, dtype=np.int64)
@@ -323,14 +342,17 @@ class ProfiledLatencyModel(LatencyModel):
     A document's `doc_seconds` is its row's interpolated time minus `call_seconds` (the table's
     fixed part of a call), which `predict` adds back once per micro-batch. In length: a
     zero-length document adds nothing (a point added at n = 0), and past the longest profiled
-    length the last segment extends linearly. That holds only where a document's
-    blocks already exceed the budget at the longest length (from there every further query
-    block attends to exactly k blocks, so MoBA attention per token is constant): a document
-    longer than the table at a budget k with lengths[-1] < k x block_size is an error naming
-    the table file and the command to profile longer lengths. In budget: linear between
-    profiled budgets (written so that equal neighbours give exactly their value: the tuner
-    keeps the smaller of two budgets predicted equal); a budget outside the profiled range is
-    an error, since attention time need not be linear in k.
+    length the last segment extends linearly. That holds only where the whole segment lies
+    past the causal triangle: from k - 1 blocks on every further query block attends to
+    exactly k blocks (the blocks attended rise by k a block), so the segment's slope is MoBA
+    attention's per-token cost only if its start, lengths[-2], is at least (k - 1) x
+    block_size. A document longer than the table at a budget k whose last segment starts
+    earlier is an error naming the table file and the command to profile the lengths needed.
+    (The gate's scores, quadratic in length, are extended linearly too: by the analytic model's
+    FLOP counts 0.15% of a layer's time at 64K tokens, block 512, k = 3, the 0.5B shape.)
+    In budget: linear between profiled budgets (written so that equal neighbours give exactly
+    their value: the tuner keeps the smaller of two budgets predicted equal); a budget outside
+    the profiled range is an error, since attention time need not be linear in k.
     """
 
     def __init__(self, table: LatencyTable, source: str | None = None):
@@ -346,6 +368,9 @@ class ProfiledLatencyModel(LatencyModel):
         added_LK = np.asarray(table.seconds_LK, dtype=np.float64) - table.call_seconds
         self._seconds_LK = np.concatenate([np.zeros((1, added_LK.shape[1])), added_LK])
         self._budgets = np.asarray(table.budgets, dtype=np.float64)
+
+    def fingerprint(self) -> str:
+        return _digest(self.table.to_json_dict())
 
     @classmethod
     def load(cls, table_dir: str, device_kind: str, shape: LayerShape) -> ProfiledLatencyModel:
@@ -377,15 +402,19 @@ class ProfiledLatencyModel(LatencyModel):
 
     def _check_extrapolation(self, longest_doc: float, top_budget: int) -> None:
         longest = self.table.lengths[-1]
-        needed = top_budget * self.block_size
-        if longest_doc > longest and longest < needed:
-            lengths = ",".join(str(n) for n in self.table.lengths + (needed,))
+        start = int(self._lengths[-2])  # The last segment's start (0 for a one-length table).
+        needed = (top_budget - 1) * self.block_size
+        if longest_doc > longest and start < needed:
+            # Two lengths from (k - 1) blocks on make the last segment linear.
+            first = max(needed, self.block_size)
+            lengths = sorted(set(self.table.lengths) | {first, first + self.block_size})
             raise ValueError(
                 f"a document of {int(longest_doc)} tokens is longer than the latency table's "
                 f"longest profiled length {longest} ({self.source}), and the table extends "
-                f"linearly only from budget x block_size = {top_budget} x {self.block_size} = "
-                f"{needed} tokens on; profile longer lengths: `{PROFILE_COMMAND} "
-                f"--lengths={lengths} ...`")
+                f"linearly only where its last two lengths are at least (budget - 1) x "
+                f"block_size = {top_budget - 1} x {self.block_size} = {needed} tokens (its "
+                f"last segment starts at {start}); profile those lengths: `{PROFILE_COMMAND} "
+                f"--lengths={','.join(str(n) for n in lengths)} ...`")
 
 
 class EmaCorrection:

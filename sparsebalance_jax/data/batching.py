@@ -444,7 +444,7 @@ class _BatcherIterator(grain.DatasetIterator):
         emitted = int(state["emitted"])
         saved = state.get("settings")  # None: a state from before the settings were saved
         changed = [f"{k}: {saved.get(k)!r} -> {v!r}" for k, v in self._ds.settings().items()
-                   if saved is not None and saved.get(k) != v]
+                   if saved is not None and not _same_setting(k, saved.get(k), v)]
         if changed:
             steps, docs = int(state["window_steps"]), int(state["window_docs"])
             if emitted < steps:
@@ -458,10 +458,29 @@ class _BatcherIterator(grain.DatasetIterator):
             self._next_window(docs)
             return
         self._read_window()
-        if self._plan is not None and emitted > self._plan.num_steps:
-            raise BatcherStateError(f"the data iterator's state has {emitted} steps emitted from "
-                                    f"a window of {self._plan.num_steps}")
+        # The same settings over the same documents give the same window: a window read back
+        # otherwise (another source, another tokenizer) would skip steps of another plan. (A
+        # state saved before the first window was read has none to compare.)
+        docs = len(self._docs or ())
+        steps = self._plan.num_steps if self._plan is not None else 0
+        saved_window = (int(state["window_docs"]), int(state["window_steps"]))
+        if saved_window != (0, 0) and (docs, steps) != saved_window or emitted > steps:
+            raise BatcherStateError(
+                f"the data iterator's window {self._window_index} was saved with "
+                f"{saved_window[0]} documents in {saved_window[1]} steps ({emitted} emitted) "
+                f"and reads back as {docs} documents in {steps} steps: the documents differ "
+                "from the saved run's (data source, tokenizer or document length limit "
+                "changed?)")
         self._emitted = emitted
+
+
+def _same_setting(key: str, saved: Any, now: Any) -> bool:
+    """Whether a saved batcher setting equals this run's. A state from before the cost model's
+    fingerprint was saved names only its class: taken as the same model (its numbers cannot be
+    compared)."""
+    if key == "cost_model" and isinstance(saved, str) and " " not in saved:
+        return saved == now.split(" ")[0]
+    return saved == now
 
 
 class BatcherDataset(grain.IterDataset):
@@ -489,7 +508,8 @@ class BatcherDataset(grain.IterDataset):
         """What the windows' cut and plan depend on (saved with the iterator's state)."""
         return dict(method=self.method, **dataclasses.asdict(self.geometry),
                     base_budget=self.base_budget, window=self.window, seed=self.seed,
-                    fill=self.fill, cost_model=type(self.cost_model).__name__)
+                    fill=self.fill, cost_model=(f"{type(self.cost_model).__name__} "
+                                                f"{self.cost_model.fingerprint()}"))
 
     def __str__(self) -> str:
         return f"BatcherDataset(method={self.method}, window={self.window}, {self.geometry})"

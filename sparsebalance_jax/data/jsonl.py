@@ -39,9 +39,15 @@ class RecordError(ValueError):
     """One record does not match any supported layout (the message says why)."""
 
 
-def _text(value: Any, field: str) -> str:
-    if value is None:  # LongAlign has a few null contents; they mean an empty turn.
-        return ""
+def _text(value: Any, field: str, *, null_is_empty: bool = False) -> str:
+    """The string `value` of `field`; None is "" only where `null_is_empty` (an optional
+    context, or a message's content: LongAlign has a few null contents, meaning an empty
+    turn), else an error: a null question, input or answer is a broken record, not an empty
+    prompt."""
+    if value is None:
+        if null_is_empty:
+            return ""
+        raise RecordError(f"field {field!r} is null")
     if not isinstance(value, str):
         raise RecordError(f"field {field!r} must be a string, got {type(value).__name__}")
     try:
@@ -63,7 +69,7 @@ def _first_answer(value: Any, field: str) -> str:
 
 
 def _with_context(context: Any, field: str, prompt: str) -> str:
-    context = _text(context, field)
+    context = _text(context, field, null_is_empty=True)
     return f"{context}\n\n{prompt}" if context.strip() else prompt
 
 
@@ -79,7 +85,8 @@ def parse_record(obj: Any) -> Turns:
         for i, m in enumerate(messages):
             if not isinstance(m, dict) or m.get("role") not in _ROLES:
                 raise RecordError(f"messages[{i}] needs a 'role' in {_ROLES}, got {m!r:.80}")
-            turns.append((m["role"], _text(m.get("content"), f"messages[{i}].content")))
+            turns.append((m["role"], _text(m.get("content"), f"messages[{i}].content",
+                                         null_is_empty=True)))
         if "document" in obj:
             first_user = next((i for i, (r, _) in enumerate(turns) if r == "user"), None)
             if first_user is None:
