@@ -152,7 +152,7 @@ def get_config(preset: str = "auto") -> ml_collections.ConfigDict:
     t.workdir = "runs/longbench-" + preset  # Checkpoints and TensorBoard logs go here.
     t.checkpoint_every = 200 if gpu else 40  # Steps between checkpoints.
     t.checkpoint_keep = 3  # Checkpoints kept.
-    t.log_every = 10 if gpu else 5  # Steps between TensorBoard / progress-bar updates.
+    t.log_every = 10 if gpu else 5  # Steps between TensorBoard writes (metrics.jsonl: each).
     # Resume from a workdir whose run.json (the config that wrote it) differs: the changed
     # fields are printed and recorded; off, a resume with another config stops naming them.
     t.resume_with_changes = False

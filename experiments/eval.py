@@ -11,6 +11,7 @@ parameters (a smoke test of the pipeline). Default mode is teacher_forced (see
 bucket and writes the rows and per-example results as JSON to --output.
 """
 
+import dataclasses
 import os
 
 from absl import flags, logging
@@ -53,7 +54,7 @@ def main(argv):
     import flax.linen as nn
     import jax
 
-    from sparsebalance_jax.config import from_config_dict
+    from sparsebalance_jax.config import check_attention_runs_here, from_config_dict
     from sparsebalance_jax.data import synthetic
     from sparsebalance_jax.data.sources import load_corpus
     from sparsebalance_jax.data.tokenizer import make_tokenizer
@@ -67,6 +68,7 @@ def main(argv):
     if _BUDGET.value is not None:  # Validated like any budget; k_max follows its bucket.
         raw["attention"]["budget"] = _BUDGET.value
     cfg = from_config_dict(raw)
+    check_attention_runs_here(cfg)
     model = Transformer(cfg.model, cfg.attention, cfg.k_max)
     if _CHECKPOINT.value == "init":
         step = 0
@@ -112,7 +114,8 @@ def main(argv):
     output = _OUTPUT.value or os.path.join(out_dir, f"eval_{settings.mode}.json")
     harness.write_json(output, settings=settings, rows=rows, results=results,
                        meta={"checkpoint": _CHECKPOINT.value, "step": step,
-                             "attention": cfg.attention.implementation})
+                             "attention": cfg.attention.implementation,
+                             "attention_config": dataclasses.asdict(cfg.attention)})
     print(f"wrote {output}")
 
 

@@ -11,6 +11,8 @@ import dataclasses
 import json
 from typing import Any, Mapping
 
+import numpy as np
+
 # The owning modules' tables of valid names: one list each, checked here at start.
 from sparsebalance_jax.balance.tuner import ANCHORS
 from sparsebalance_jax.data.batching import BATCHERS
@@ -160,6 +162,13 @@ RESUMABLE_CHANGES = ("train.log_every", "train.checkpoint_every", "train.checkpo
                      "model.remat_keep", "model.scan_layers")
 
 
+# Fields that shape the parameters (and the optimizer state): a checkpoint restores only into
+# the same values, so not even train.resume_with_changes lets a change of them through.
+PARAMETER_FIELDS = tuple(f"model.{f}" for f in ("vocab_size", "num_layers", "d_model",
+                                                 "num_heads", "num_kv_heads", "head_dim",
+                                                 "mlp_dim", "param_dtype"))
+
+
 def config_changes(saved: Mapping[str, Any], cfg: Config) -> list[str]:
     """'field: saved -> now' for each field of `cfg` that differs from `saved` (a config as
     `config_record` wrote it), those in RESUMABLE_CHANGES left out."""
@@ -182,8 +191,10 @@ def config_record(cfg: Config) -> dict[str, Any]:
 
 
 def max_layer_budget(budget: int, layer_budget_scale: tuple[float, ...]) -> int:
-    """The largest budget any layer runs for a row budget (the model rounds budget x scale)."""
-    return max(1, round(budget * max(layer_budget_scale, default=1.0)))
+    """The largest budget any layer runs for a row budget: the model's rounding of budget x
+    scale, in its float32 (a float64 product rounds differently at some halves: 45 x 0.7)."""
+    scale = np.float32(max(layer_budget_scale, default=1.0))
+    return max(1, int(np.round(np.float32(budget) * scale)))
 
 
 def _section(cls, raw: Mapping[str, Any], name: str):
@@ -256,6 +267,9 @@ def validate(cfg: Config, device_count: int | None = None) -> None:
     _require(a.moba_backend in MOBA_BACKENDS, "attention.moba_backend",
              f"unknown MoBA kernel set {a.moba_backend!r}; choose one of "
              f"{MOBA_BACKENDS}")
+    if a.implementation == "moba":
+        _require(m.head_dim >= 16 and m.head_dim & (m.head_dim - 1) == 0, "model.head_dim",
+                 f"{m.head_dim}: MoBA's kernels take a power of two >= 16")
     if a.implementation == "moba" and a.moba_backend == "mosaic":
         # The kernels' own argument check, imported only when they are chosen.
         from pallas_kernels.moba import MobaBlockSizes, hopper

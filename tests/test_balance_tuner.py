@@ -477,3 +477,31 @@ def test_dst_balancer_decides_on_the_probe_prefetched_for_that_batch():
     balancer.prefetch(lambda: None, params)  # the next batch could not be read: nothing
     assert len(calls) == 5 and balancer.decide(first, params).extra[
         "tuner/probe_prefetched"] == 0.0
+
+
+def test_dst_balancer_restores_a_tuner_of_another_shard_count_afresh(capsys):
+    """A resume at a window's end may change the data shards (train.resume_with_changes): the
+    saved per-shard EMA then describes other shards, and the tuner starts afresh, saying so;
+    with the same count it restores."""
+    from configs.longbench import get_config
+    from sparsebalance_jax.config import from_config_dict
+    from sparsebalance_jax.training import launch
+    from sparsebalance_jax.training.budgets import DstBalancer
+
+    def balancer(shards):
+        raw = get_config("cpu")
+        raw.mesh.data = shards
+        raw.balance.dst = True
+        cfg = from_config_dict(raw, device_count=shards)
+        return DstBalancer(cfg, launch.latency_model(cfg), lambda batch, params: None)
+
+    two = balancer(2)
+    two._tuner.observe(np.array([2.0, 1.0]), np.array([1.0, 1.0]))
+    state = json.loads(json.dumps(two.get_state()))
+    one = balancer(1)
+    one.set_state(state)
+    assert "is for 2 data shards, this run has 1" in capsys.readouterr().out
+    assert one.get_state()["ema"]["count_S"] == [0]
+    again = balancer(2)
+    again.set_state(state)
+    assert again.get_state() == state

@@ -44,6 +44,7 @@ def test_presets_are_valid():
     (dict(balance__dst=True, attention__implementation="reference"), "balance.dst"),
     (dict(model__num_layers=0), "model.num_layers"),
     (dict(model__num_kv_heads=0), "model.num_kv_heads"),
+    (dict(model__head_dim=48), "model.head_dim"),  # MoBA's kernels: a power of two
     (dict(model__remat_keep=("attention", "qkv")), "model.remat_keep"),
     (dict(model__remat_keep=("mlp", "mlp")), "model.remat_keep"),
     (dict(optimizer__grad_clip_norm=0.0), "optimizer.grad_clip_norm"),
@@ -142,3 +143,18 @@ def test_wrong_type_is_named():
     raw = get_config("cpu").to_dict()
     raw["optimizer"]["learning_rate"] = 1  # an int where a float is asked: taken as 1.0
     assert from_config_dict(raw, device_count=2).optimizer.learning_rate == 1.0
+
+
+def test_max_layer_budget_rounds_as_the_model_does():
+    """The bucket check and the loop's range check take the model's per-layer budget: its
+    float32 round of budget x scale (a float64 product rounds 45 x 0.7 to 31, float32 to 32)."""
+    import jax.numpy as jnp
+
+    from sparsebalance_jax.config import max_layer_budget
+
+    assert max_layer_budget(45, (0.7,)) == 32 and max_layer_budget(1, (0.1,)) == 1
+    budgets = jnp.arange(1, 65, dtype=jnp.int32)
+    for scale in np.linspace(0.01, 3.99, 400):
+        model_B = jnp.maximum(jnp.round(budgets * jnp.float32(scale)), 1).astype(jnp.int32)
+        assert [max_layer_budget(int(b), (1.0, float(scale))) for b in budgets] == [
+            max(int(m), int(b)) for m, b in zip(model_B, budgets)], scale

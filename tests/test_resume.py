@@ -123,13 +123,15 @@ def test_resume_with_another_config_stops_naming_the_fields(tmp_path):
     assert "train.resume_with_changes" in err and "optimizer.learning_rate" in err \
         and "data.batcher" in err and "train.num_steps: 2 -> 3" in err, err[-2000:]
     assert sorted(read_metrics(str(run))) == [1, 2]  # nothing trained, nothing written
-    # A change let through that then cannot restore (another model shape) leaves run.json
+    # Another model shape is refused even with the flag, naming the field, and run.json keeps
     # naming the config that wrote the checkpoints.
     recorded = (run / "run.json").read_bytes()
     proc = _train(run, *DENSE, *three, "--config.train.resume_with_changes=True",
                   "--config.model.num_layers=3")
     _, err = proc.communicate(timeout=600)
-    assert proc.returncode != 0, err[-2000:]
+    assert proc.returncode == 2 and "Traceback" not in err, err[-2000:]
+    assert err.strip().startswith("config error: model.num_layers: the checkpoints in"), \
+        err[-2000:]
     assert (run / "run.json").read_bytes() == recorded
     # Another batcher cannot take over a window halfway: refused, naming it.
     proc = _train(run, *DENSE, *three, "--config.train.resume_with_changes=True")

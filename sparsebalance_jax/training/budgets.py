@@ -159,4 +159,11 @@ class DstBalancer:
             print("note: the checkpoint holds no DST tuner state (it was written with "
                   "balance.dst off); the tuner starts afresh", flush=True)
             return
+        saved_units = np.shape(state["history_budgets_HS"])[1:]
+        units = self._tuner.history_budgets_HS.shape[1:]
+        if saved_units != units:  # A resume with another shard count (resume_with_changes).
+            print(f"note: the checkpoint's DST tuner state is for {saved_units[0]} data shards, "
+                  f"this run has {units[0]}; its per-shard latency corrections do not carry "
+                  "over: the tuner starts afresh", flush=True)
+            return
         self._tuner.load_state_dict(state)

@@ -16,7 +16,8 @@ import grain
 import jax
 import orbax.checkpoint as ocp
 
-from sparsebalance_jax.config import Config, ConfigError, config_changes, config_record
+from sparsebalance_jax.config import (PARAMETER_FIELDS, Config, ConfigError, config_changes,
+                                      config_record)
 from sparsebalance_jax.jsonfile import write_json
 
 RUN_CONFIG = "run.json"
@@ -25,7 +26,12 @@ RUN_CONFIG = "run.json"
 def make_manager(workdir: str, *, every: int, keep: int,
                  create: bool = True) -> ocp.CheckpointManager:
     """create=False: for reading only; the checkpoints folder must exist (it is not made)."""
-    options = ocp.CheckpointManagerOptions(max_to_keep=keep, save_interval_steps=every,
+    # Every `every` steps (and at a preemption), not also at a fresh run's first step (orbax's
+    # default policy adds that save).
+    policies = ocp.checkpoint_managers
+    saves = policies.AnySavePolicy([policies.FixedIntervalPolicy(every),
+                                    policies.PreemptionCheckpointingPolicy()])
+    options = ocp.CheckpointManagerOptions(max_to_keep=keep, save_decision_policy=saves,
                                            enable_async_checkpointing=False, create=create)
     return ocp.CheckpointManager(
         os.path.abspath(os.path.join(workdir, "checkpoints")), options=options,
@@ -69,6 +75,13 @@ def check_run_config(workdir: str, cfg: Config, *, resuming: bool) -> list[str]:
               "with cannot be compared with this one", flush=True)
     elif resuming:
         changes = config_changes(saved, cfg)
+        shaping = [c for c in changes if c.split(":")[0] in PARAMETER_FIELDS]
+        if shaping:
+            raise ConfigError(
+                f"{shaping[0].split(':')[0]}: the checkpoints in {workdir} hold parameters of "
+                f"another shape ({path}); changed: " + "; ".join(shaping) + ". A resume "
+                "cannot change the parameters' shapes (not even with train.resume_with_changes"
+                "); use another train.workdir")
         if changes and not cfg.train.resume_with_changes:
             raise ConfigError(
                 f"train.resume_with_changes: the checkpoints in {workdir} were written with "
@@ -88,8 +101,8 @@ def record_run_config(workdir: str, cfg: Config) -> None:
 def check_model_matches_run(workdir: str, cfg: Config) -> None:
     """Raises ConfigError naming every model field of `cfg` that differs from the config
     recorded in `workdir` (run.json): restoring its parameters into another model fails on a
-    shape or, worse, runs it as a model it was not trained as. A work directory without
-    run.json passes with a note."""
+    shape or, worse, runs it as a model it was not trained as. Attention fields that differ
+    are printed as a note. A work directory without run.json passes with a note."""
     saved = _recorded_config(workdir)
     if saved is None:
         print(f"note: {workdir} has no {RUN_CONFIG}; the model its checkpoints hold cannot be "
@@ -97,7 +110,14 @@ def check_model_matches_run(workdir: str, cfg: Config) -> None:
         return
     # config_changes leaves out the fields that change neither the parameters nor what the
     # model computes (remat, scanned or unrolled layers: RESUMABLE_CHANGES).
-    changed = [c for c in config_changes(saved, cfg) if c.startswith("model.")]
+    changes = config_changes(saved, cfg)
+    changed = [c for c in changes if c.startswith("model.")]
+    # Another attention (dense, another block size or budget) is an evaluation one may want;
+    # it is said, and the evaluation's output records the attention it ran.
+    other_attention = [c for c in changes if c.startswith("attention.")]
+    if other_attention:
+        print("note: evaluating with attention settings other than the run's: "
+              + "; ".join(other_attention), flush=True)
     if changed:
         raise ConfigError(f"model: the checkpoints in {workdir} hold another model "
                           f"({os.path.join(workdir, RUN_CONFIG)}); "

@@ -23,7 +23,8 @@ from sparsebalance_jax.training.step import FusedStep, ShardTimedStep
 
 
 class TrainingDivergedError(FloatingPointError):
-    """The loss became NaN or infinite; the last good checkpoint is kept."""
+    """The loss or the gradient norm became NaN or infinite; the checkpoints written before
+    are kept, the diverged state is never saved."""
 
 
 def describe(cfg: Config) -> str:
@@ -116,7 +117,7 @@ def train(cfg: Config, data_iterator, balancer, *, show_progress: bool = True,
     # config that wrote the checkpoints.
     if jax.process_index() == 0:
         checkpoint.record_run_config(cfg.train.workdir, cfg)
-    logger = MetricsLogger(cfg.train.workdir, enabled=jax.process_index() == 0)
+    logger = MetricsLogger(cfg.train.workdir, enabled=jax.process_index() == 0, start=start)
     schedule = learning_rate_schedule(cfg.optimizer, cfg.train.num_steps)
     row_tokens = cfg.num_data_shards * cfg.data.micro_batches * cfg.data.rows_per_micro_batch * \
         cfg.data.seq_len
@@ -144,6 +145,14 @@ def train(cfg: Config, data_iterator, balancer, *, show_progress: bool = True,
                 balancer.prefetch(data_iterator.peek, state.params)
             loss = float(metrics["loss"])  # Blocks: the step's time is measured to here.
             seconds = time.perf_counter() - t0
+            grad_norm = float(metrics["grad_norm"])
+            if math.isfinite(loss) and not math.isfinite(grad_norm):
+                # A finite loss over non-finite gradients (the backward pass alone broke): the
+                # state the step returns is not finite; it is never saved.
+                raise TrainingDivergedError(
+                    f"gradient norm is {grad_norm} at step {step + 1} (loss {loss}); stopping "
+                    f"before its update is saved. Checkpoints up to step "
+                    f"{manager.latest_step()} are kept in {cfg.train.workdir}")
             if not math.isfinite(loss):
                 # The loss is of the parameters the step began with: those of the newest
                 # checkpoint, when it is the step before. They are finite, not known good.
@@ -153,7 +162,7 @@ def train(cfg: Config, data_iterator, balancer, *, show_progress: bool = True,
                     f"that of the parameters step {step + 1} began with, so resume from an "
                     "earlier checkpoint (or with a lower learning rate)")
             balancer.observe(decision, shard_seconds)
-            last = dict(loss=loss, grad_norm=float(metrics["grad_norm"]),
+            last = dict(loss=loss, grad_norm=grad_norm,
                         learning_rate=float(schedule(step)), step_time_s=seconds,
                         tokens_per_s=data_tokens / seconds, row_tokens_per_s=row_tokens / seconds,
                         trained_tokens=float(metrics["tokens"]),

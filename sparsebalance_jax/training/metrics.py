@@ -7,18 +7,27 @@ import os
 
 from tensorboardX import SummaryWriter
 
+from sparsebalance_jax.jsonfile import write_text
+
 
 class MetricsLogger:
-    """Writes from one process only (`enabled`): a multi-process job logs on process 0."""
+    """Writes from one process only (`enabled`): a multi-process job logs on process 0.
 
-    def __init__(self, workdir: str, *, enabled: bool = True):
+    `start`: the step a run resumes from. The records of later steps, written by the run
+    before it was stopped and about to be written again, are dropped from metrics.jsonl and
+    hidden from TensorBoard (its purge_step), so each step keeps one record: the resumed
+    run's."""
+
+    def __init__(self, workdir: str, *, enabled: bool = True, start: int = 0):
         self._enabled = enabled
         if not enabled:
             return
         os.makedirs(workdir, exist_ok=True)
-        self._writer = SummaryWriter(os.path.join(workdir, "tensorboard"))
+        self._writer = SummaryWriter(os.path.join(workdir, "tensorboard"),
+                                     purge_step=start + 1 if start else None)
         path = os.path.join(workdir, "metrics.jsonl")
         _drop_partial_line(path)
+        _drop_steps_after(path, start)
         self._jsonl = open(path, "a", buffering=1)
 
     def write(self, step: int, scalars: dict[str, float], *, tensorboard: bool = True) -> None:
@@ -48,8 +57,28 @@ def _drop_partial_line(path: str) -> None:
             f.truncate(data.rfind(b"\n") + 1)
 
 
+def _drop_steps_after(path: str, start: int) -> None:
+    """Rewrites the log without the records of steps after `start` (whole or not at all);
+    lines that are not records stay, for read_metrics to name."""
+    if not os.path.exists(path):
+        return
+    with open(path) as f:
+        lines = f.readlines()
+
+    def later(line: str) -> bool:
+        try:
+            return json.loads(line)["step"] > start
+        except (ValueError, KeyError, TypeError):
+            return False
+
+    kept = [line for line in lines if not later(line)]
+    if len(kept) < len(lines):
+        write_text(path, "".join(kept))
+
+
 def read_metrics(workdir: str) -> dict[int, dict]:
-    """Step -> metrics; a step logged twice (rerun after a kill) keeps its last record. A line
+    """Step -> metrics; a step logged twice keeps its last record (a resumed run drops the
+    records after its checkpoint, but a log may come from elsewhere). A line
     that is not a JSON record with a step fails naming the file and line."""
     out = {}
     path = os.path.join(workdir, "metrics.jsonl")
