@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pallas_kernels.moba import gating, kv_layout, moba_coverage, moba_gate
+from pallas_kernels.moba import gating, kv_layout, moba_attention, moba_coverage, moba_gate
 from pallas_kernels.moba.reference import reference_gate_scores
 
 
@@ -149,19 +149,35 @@ def test_coverage_curve_checks_the_strided_query_length():
     gating.moba_coverage_curve(q, k, seg, block_size=16, k_max=3, query_stride=0)
 
 
+_SPLIT = [1] * 40 + [2] * 40 + [1] * 48  # document 1 interrupted by document 2
+
+
 @pytest.mark.parametrize("bad, match", [
     (dict(t=120), "multiple of block_size"),
     (dict(hq=3), "Hq % Hkv"),
     (dict(k_max=9), "k_max"),
+    (dict(d=80), "head_dim D=80 must be a power of two"),
+    (dict(d=8), "head_dim D=8 must be a power of two >= 16"),
+    (dict(seg=[0] * 64 + [-1] * 64), r"segment_ids_BT must be >= 0.*rows \[0\]"),
+    (dict(seg=_SPLIT), r"segment_ids_BT row 0: document ids \[1\].*one contiguous span"),
+    (dict(seg=[1] * 40 + [0] * 40 + [1] * 48), r"segment_ids_BT row 0: document ids \[1\]"),
 ])
 def test_validation_errors_name_the_argument(bad, match):
   rng = np.random.default_rng()
-  t, hq, k_max = bad.get("t", 128), bad.get("hq", 4), bad.get("k_max", 3)
-  q = jnp.asarray(rng.standard_normal((1, t, hq, 8)), jnp.float32)
-  k = jnp.asarray(rng.standard_normal((1, t, 2, 8)), jnp.float32)
-  seg = jnp.ones((1, t), jnp.int32)
+  t, hq, k_max, d = bad.get("t", 128), bad.get("hq", 4), bad.get("k_max", 3), bad.get("d", 16)
+  q = jnp.asarray(rng.standard_normal((1, t, hq, d)), jnp.float32)
+  k = jnp.asarray(rng.standard_normal((1, t, 2, d)), jnp.float32)
+  seg = jnp.asarray([bad.get("seg", [1] * t)], jnp.int32)
   with pytest.raises(ValueError, match=match):
     moba_gate(q, k, seg, jnp.asarray([2]), block_size=16, k_max=k_max)
+  v = jnp.zeros_like(k)
+  with pytest.raises(ValueError, match=match):  # the kernels' entry checks the same
+    moba_attention(q, k, v, seg, jnp.asarray([2]), block_size=16, k_max=k_max, interpret=True)
+
+
+def test_segment_rule_allows_padding_between_documents_and_any_id_order():
+  # Padding between two documents, ids out of order, a row of padding only: all valid.
+  gating.check_segments(np.array([[3] * 40 + [0] * 8 + [1] * 16 + [2] * 64, [0] * 128]))
 
 
 def test_budget_out_of_range_raises_eagerly_and_poisons_under_jit():

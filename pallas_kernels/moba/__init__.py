@@ -22,7 +22,9 @@ Semantics (exact; kernels and the dense reference compute the same function):
 * Segment ids (int [B, T]): 0 = padding, documents > 0. Rule: every document is a
   contiguous span of its row, i.e. between two tokens of a document there are only
   tokens of that document or padding (any packer produces this; documents need not
-  start on block boundaries, though the project's packer aligns them).
+  start on block boundaries, though the project's packer aligns them). Concrete ids that
+  break the rule (a document in two spans, a negative id) raise ValueError naming the row;
+  traced ids cannot be checked without a host round trip, and are the caller's contract.
 * Eligibility: block j is eligible for a query token t (block i, document s != 0)
   iff j < i and block j holds at least one token of document s.
 * Gate key of block j for t: the mean of the keys of block j's tokens of document s

@@ -54,6 +54,12 @@ def _merge(part_BGLD, lse_BGL, sel, layout, ok_B, group_size, interpret):
   return xla_merge(part_BGLD, lse_BGL, sel, layout, ok_B, group_size)
 
 
+def _exact_if_f32(dtype):
+  """The glue's float32 contractions in full float32 where the inputs are float32 (a GPU's
+  default for them is tf32); left to XLA for bf16 inputs, as measured."""
+  return lax.Precision.HIGHEST if dtype == jnp.float32 else None
+
+
 def xla_merge(part_BGLD, lse_BGL, sel, layout, ok_B, group_size):
   """merge_partials' contract by XLA: one fused gather of every slot, masked."""
   b, g, l, _ = part_BGLD.shape
@@ -72,7 +78,8 @@ def xla_merge(part_BGLD, lse_BGL, sel, layout, ok_B, group_size):
   mx_BGTH = jnp.where(any_BGTH, lse_BGTKH.max(axis=3), 0.0)
   w_BGTKH = jnp.where(used_BGTK[..., None], jnp.exp(lse_BGTKH - mx_BGTH[:, :, :, None, :]), 0.0)
   denom_BGTH = jnp.maximum(w_BGTKH.sum(axis=3), 1e-30)
-  o_BGTHD = jnp.einsum("bgtkh,bgtkhd->bgthd", w_BGTKH, part_BGTKHD) / denom_BGTH[..., None]
+  o_BGTHD = jnp.einsum("bgtkh,bgtkhd->bgthd", w_BGTKH, part_BGTKHD,
+                       precision=_exact_if_f32(part_BGLD.dtype)) / denom_BGTH[..., None]
   o_BGTHD = jnp.where(ok_B[:, None, None, None, None], o_BGTHD, jnp.nan)
   lse_BGTH = jnp.where(any_BGTH, mx_BGTH + jnp.log(denom_BGTH), 0.0)
   return (_group_to_BTH(o_BGTHD, b, t, hq).astype(part_BGLD.dtype),
@@ -135,7 +142,7 @@ def _moba_bwd(block_size, bs, interpret, backend, res, do_BTHD):
   gh = hq // hkv
   do_BTHD = do_BTHD.astype(out_BTHD.dtype)
   delta_BTH = jnp.einsum("bthd,bthd->bth", out_BTHD.astype(jnp.float32),
-                         do_BTHD.astype(jnp.float32))
+                         do_BTHD.astype(jnp.float32), precision=_exact_if_f32(out_BTHD.dtype))
   flat = lambda x: x.reshape(b, t * hq, *x.shape[3:])
   rows = (flat(lse_BTH), flat(delta_BTH), layout, k_BTKD, v_BTKD, segment_ids_BT)
   common = dict(block_size=block_size, bs=bs, interpret=interpret)

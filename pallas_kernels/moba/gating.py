@@ -220,7 +220,8 @@ def _coverage_by_budget(scores_BTGN, top_BTGK, k_max: int) -> jax.Array:
 
 def validate_shapes(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, budget_B, *, block_size: int,
                     k_max: int) -> None:
-  """Static checks; each error names the argument at fault."""
+  """Static checks, and check_segments' rule where the ids are concrete; each error names the
+  argument at fault."""
   if q_BTHD.ndim != 4:
     raise ValueError(f"q_BTHD must be [B, T, Hq, D], got shape {q_BTHD.shape}")
   b, t, hq, d = q_BTHD.shape
@@ -247,6 +248,10 @@ def validate_shapes(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, budget_B, *, block_s
   for name, x in (("q_BTHD", q_BTHD), ("k_BTKD", k_BTKD), ("v_BTKD", v_BTKD)):
     if x is not None and x.dtype not in (jnp.bfloat16, jnp.float32):
       raise ValueError(f"{name} dtype must be bfloat16 or float32, got {x.dtype}")
+  if d < 16 or d & (d - 1):
+    raise ValueError(f"q_BTHD head_dim D={d} must be a power of two >= 16 (the kernels' tiles; "
+                     "Triton's dot takes no other widths)")
+  check_segments(segment_ids_BT)
 
 
 def check_budget(budget_B: jax.Array, *, k_max: int) -> jax.Array:
@@ -261,6 +266,31 @@ def check_budget(budget_B: jax.Array, *, k_max: int) -> jax.Array:
       raise ValueError(f"budget_B must lie in [1, k_max={k_max}]; rows {bad.tolist()} hold "
                        f"{values[bad].tolist()}")
   return (budget_B >= 1) & (budget_B <= k_max)
+
+
+def check_segments(segment_ids_BT: jax.Array) -> None:
+  """The segment-id rule (package docstring: 0 = padding, documents > 0, each one contiguous
+  span of its row), checked where segment_ids_BT is concrete: a violation raises ValueError
+  naming the row. Traced ids are the caller's contract (the gate's per-document keys assume
+  it and would silently differ); the project's packer writes ids 1, 2, ... in row order."""
+  if isinstance(segment_ids_BT, jax.core.Tracer):
+    return
+  ids_BT = np.asarray(segment_ids_BT)
+  negative = np.nonzero((ids_BT < 0).any(axis=1))[0]
+  if negative.size:
+    raise ValueError(f"segment_ids_BT must be >= 0 (0 = padding, documents > 0); rows "
+                     f"{negative.tolist()} hold negative ids")
+  # A run of one nonzero id starts where the id changes; an id starting two runs in a row
+  # (another document's or padding's tokens between) is a document in pieces.
+  prev_BT = np.concatenate([np.zeros_like(ids_BT[:, :1]), ids_BT[:, :-1]], axis=1)
+  for b in range(ids_BT.shape[0]):
+    starts = ids_BT[b][(ids_BT[b] != 0) & (ids_BT[b] != prev_BT[b])]
+    values, counts = np.unique(starts, return_counts=True)
+    if (counts > 1).any():
+      raise ValueError(f"segment_ids_BT row {b}: document ids {values[counts > 1].tolist()} "
+                       "each hold tokens in more than one span; a document must be one "
+                       "contiguous span of its row (padding or other documents may not "
+                       "interrupt it)")
 
 
 def moba_gate(q_BTHD, k_BTKD, segment_ids_BT, budget_B, *, block_size: int, k_max: int

@@ -38,14 +38,21 @@ _MASK = -0.7 * float(jnp.finfo(jnp.float32).max)
 _LOG2E = math.log2(math.e)
 
 
+def _dot(a, b, **kwargs):
+  """plgpu.dot, float32 operands multiplied in IEEE float32 (the Triton lowering's default for
+  them is tf32, ~1e-3 relative, where the float32 path is the exact one); bf16 unchanged."""
+  precision = lax.Precision.HIGHEST if a.dtype == jnp.float32 else None
+  return plgpu.dot(a, b, precision=precision, **kwargs)
+
+
 @dataclasses.dataclass(frozen=True)
 class MobaBlockSizes:
   """Tile sizes and Triton launch parameters (all tiles powers of two).
 
   block_rows: sorted query rows per chunk (the M of every matmul).
   block_k: key tile of the forward and dq loops.
-  block_k_dkv / block_rows_dkv: key tile per dk/dv program, and its row step
-    (must equal block_rows: the loop steps over layout chunks).
+  block_k_dkv: key tile per dk/dv program (its rows step by block_rows: the loop steps over
+    the layout's chunks).
   """
 
   block_rows: int = 64
@@ -142,7 +149,7 @@ def _fwd_kernel(cb_ref, full_ref, src_ref, seg_ref, pos_ref, q_ref, k_ref, v_ref
         acc, m_prev, l_prev = carry
         ks = pl.ds(base + i * block_k, block_k)
         k = k_ref[ks, :]
-        s = plgpu.dot(q, k, trans_b=True) * (sm_scale * _LOG2E)
+        s = _dot(q, k, trans_b=True) * (sm_scale * _LOG2E)
         if masked:
           kpos = base + i * block_k + jnp.arange(block_k, dtype=jnp.int32)
           s = jnp.where(_mask(seg, pos, kseg_ref[ks], kpos), s, _MASK)
@@ -151,7 +158,7 @@ def _fwd_kernel(cb_ref, full_ref, src_ref, seg_ref, pos_ref, q_ref, k_ref, v_ref
         p = _exp2(s - m_next[:, None], fast_exp2)
         l_next = l_prev * corr + p.sum(axis=-1)
         v = v_ref[ks, :]
-        acc = acc * corr[:, None] + plgpu.dot(p.astype(v.dtype), v)
+        acc = acc * corr[:, None] + _dot(p.astype(v.dtype), v)
         return acc, m_next, l_next
       return lambda init: lax.fori_loop(0, n_tiles, body, init)
 
@@ -182,14 +189,14 @@ def _dq_kernel(cb_ref, full_ref, src_ref, seg_ref, pos_ref, q_ref, do_ref, lse_r
       def body(i, dq):
         ks = pl.ds(base + i * block_k, block_k)
         k, v = k_ref[ks, :], v_ref[ks, :]
-        s = plgpu.dot(q, k, trans_b=True) * (sm_scale * _LOG2E)
+        s = _dot(q, k, trans_b=True) * (sm_scale * _LOG2E)
         p = _exp2(s - lse2[:, None], fast_exp2)
         if masked:
           kpos = base + i * block_k + jnp.arange(block_k, dtype=jnp.int32)
           p = jnp.where(_mask(seg, pos, kseg_ref[ks], kpos), p, 0.0)
-        dp = plgpu.dot(do, v, trans_b=True)
+        dp = _dot(do, v, trans_b=True)
         ds = p * (dp - delta[:, None])
-        return dq + plgpu.dot(ds.astype(k.dtype), k)
+        return dq + _dot(ds.astype(k.dtype), k)
       return lambda init: lax.fori_loop(0, n_tiles, body, init)
 
     dq = _masked_or_full(full_ref[0], run, jnp.zeros((r, d), jnp.float32), skip_full_masks)
@@ -213,7 +220,7 @@ def _dkv_kernel(bc_ref, skip_ref, full_ref, src_ref, seg_ref, pos_ref, q_ref, do
     src = src_ref[rs]
     q, do = q_ref[src], do_ref[src]
     lse, delta = lse_ref[src], delta_ref[src]
-    s = plgpu.dot(q, k, trans_b=True) * (sm_scale * _LOG2E)
+    s = _dot(q, k, trans_b=True) * (sm_scale * _LOG2E)
 
     def run(masked):
       if not masked:
@@ -222,10 +229,10 @@ def _dkv_kernel(bc_ref, skip_ref, full_ref, src_ref, seg_ref, pos_ref, q_ref, do
 
     p = _exp2(s - lse[:, None] * _LOG2E, fast_exp2)
     p = _masked_or_full(full_ref[c], run, p, skip_full_masks)
-    dv = dv + plgpu.dot(p.astype(do.dtype), do, trans_a=True)
-    dp = plgpu.dot(do, v, trans_b=True)
+    dv = dv + _dot(p.astype(do.dtype), do, trans_a=True)
+    dp = _dot(do, v, trans_b=True)
     ds = p * (dp - delta[:, None])
-    dk = dk + plgpu.dot(ds.astype(q.dtype), q, trans_a=True)
+    dk = dk + _dot(ds.astype(q.dtype), q, trans_a=True)
     return dk, dv
 
   d = k.shape[-1]
