@@ -63,10 +63,22 @@ def test_synthetic_batch_packs_whole_rows():
     seg_MGT, pos_MGT = batch["segment_ids"], batch["positions"]
     assert seg_MGT.shape == (cfg.data.micro_batches, 3, cfg.data.seq_len)
     assert batch["budgets"].shape == (cfg.data.micro_batches, 3)
-    assert (seg_MGT >= 1).all() and (np.diff(seg_MGT, axis=-1) >= 0).all()
-    # Positions restart exactly where a new document starts.
-    starts = np.diff(seg_MGT, axis=-1) > 0
-    assert (pos_MGT[..., 1:][starts] == 0).all() and (pos_MGT[..., 1:][~starts] > 0).all()
+    # As training packs: documents 1, 2, ... from block starts, padding (0) only between
+    # them, positions restarting at each start, targets the next token within a document.
+    block = cfg.attention.block_size
+    for row_seg, row_pos, inputs, targets, mask in zip(
+            seg_MGT.reshape(-1, cfg.data.seq_len), pos_MGT.reshape(-1, cfg.data.seq_len),
+            batch["inputs"].reshape(-1, cfg.data.seq_len),
+            batch["targets"].reshape(-1, cfg.data.seq_len),
+            batch["loss_mask"].reshape(-1, cfg.data.seq_len)):
+        ids = row_seg[row_seg > 0]
+        assert ids[0] == 1 and (np.diff(ids) >= 0).all() and (np.diff(ids) <= 1).all()
+        starts = np.flatnonzero(np.diff(np.concatenate([[0], row_seg])) > 0)
+        assert (starts % block == 0).all() and (row_pos[starts] == 0).all()
+        inside = (row_seg[1:] == row_seg[:-1]) & (row_seg[1:] > 0)
+        assert (row_pos[1:][inside] == row_pos[:-1][inside] + 1).all()
+        assert (targets[:-1][inside] == inputs[1:][inside]).all()  # within a document
+        assert ((mask > 0) == (row_seg > 0)).all()
 
 
 def test_two_meshes_run_and_write_tables(tmp_path):

@@ -109,6 +109,31 @@ def test_longbench_greedy_with_oracle():
     assert [r.bucket for r in results] == ["0-4k", "0-4k", "4-8k", "8k+"]
 
 
+def test_longbench_answers_longer_than_its_token_budget_in_bytes_score_whole(tmp_path):
+    """LongBench's budgets count its models' tokens, ~4 bytes each: a 100-byte English answer
+    to a 32-token task and a 60-character (180-byte) Chinese one to a 64-token task are
+    generated whole, in both modes, and score perfect; a generation cut inside a character
+    drops it, not a replacement mark."""
+    answers = {"hotpotqa": "The treaty was signed in the spring by both delegations at the old "
+                           "harbour town's council hall",
+               "multifieldqa_zh": "该项目由当地政府和三家公司共同出资建设，" * 3}
+    examples = []
+    for task, answer in answers.items():
+        assert len(TOK.encode(answer)) > longbench.TASKS[task].max_new_tokens
+        row = {"input": "Who signed it?", "context": "Some context. " * 20, "answers": [answer],
+               "length": 500, "dataset": task, "language": "en", "all_classes": None,
+               "_id": task}
+        (tmp_path / f"{task}.jsonl").write_text(json.dumps(row, ensure_ascii=False) + "\n")
+        examples += longbench.load_task(tmp_path, task)
+    pairs = [(longbench.build_prompt(e), e.answers[0]) for e in examples]
+    for mode in harness.MODES:
+        scorer = harness.Scorer(_oracle(pairs), {}, TOK, _settings(mode))
+        results = [r for e in examples for r in harness.evaluate_longbench(scorer, e.dataset, [e])]
+        assert [r.score for r in results] == [1.0, 1.0], mode
+    assert TOK.decode(TOK.encode(answers["multifieldqa_zh"])[:-1]) == \
+        answers["multifieldqa_zh"][:-1]
+
+
 def _zeros_apply_fn(params, inputs_BT, segment_ids_BT, positions_BT, budget_B):
     """A model whose argmax is always byte 0: greedy decoding never meets EOS."""
     return jnp.zeros((*inputs_BT.shape, VOCAB), jnp.float32)
@@ -247,19 +272,19 @@ def test_missing_longbench_file_fails_before_scoring(tmp_path):
 
 def test_teacher_forced_longbench_answer_too_long_fails_before_scoring(tmp_path):
     row = {"input": "", "context": "A report. " * 100,
-           "answers": ["The report says " + "many things. " * 60], "length": 3000,
+           "answers": ["The report says " + "many things. " * 160], "length": 3000,
            "dataset": "gov_report", "language": "en", "all_classes": None, "_id": "g0"}
     (tmp_path / "gov_report.jsonl").write_text(json.dumps(row) + "\n")
     request = harness.EvalRequest(
-        settings=_settings("teacher_forced"), suite_lengths=(700,), suite_per_cell=1,
-        suite_seed=0, suite_tasks=("needle",), longbench_dir=str(tmp_path),
+        settings=_settings("teacher_forced", max_seq_len=4096), suite_lengths=(700,),
+        suite_per_cell=1, suite_seed=0, suite_tasks=("needle",), longbench_dir=str(tmp_path),
         longbench_tasks=("gov_report",), longbench_e=False)
 
     def never_called(*_):
         raise AssertionError("the model must not run before the answers are checked")
 
-    with pytest.raises(ValueError, match=r"'gov_report'.*\['g0'\].*512 answer tokens.*"
-                                         r"--mode=greedy"):
+    with pytest.raises(ValueError, match=r"'gov_report'.*\['g0'\].*2048 answer tokens \(bytes; "
+                                         r"LongBench's 512\).*--mode=greedy"):
         harness.run(never_called, {}, TOK, request, sources.load_corpus(split="heldout"))
 
 

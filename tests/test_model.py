@@ -108,6 +108,41 @@ def test_causal_and_no_cross_document_dependence(implementation):
     assert np.all(norms[40:q + 1] > 0.0)
 
 
+@pytest.mark.parametrize("implementation", ["reference", "moba"])
+def test_logits_do_not_change_with_later_tokens_or_other_documents(implementation):
+    """What gradients cannot show: MoBA's block selection is piecewise constant, so a later
+    token or another document that changed which blocks a query reads would pass the gradient
+    check above. Here the tokens themselves change: every logit at or before p, and every
+    logit of the other document, must stay bit for bit. Blocks of 16, budget 2 of up to 4
+    blocks: row 0 is one document (a query in block 3 picks one of 3 earlier blocks), row 1
+    two, the second starting inside block 1 (its queries pick among blocks holding both)."""
+    cfg = tiny_config(implementation)
+    model = Transformer(cfg.model, cfg.attention, cfg.k_max)
+    rng = np.random.default_rng()
+    tokens, seg, pos = packed_inputs(rng, 2, 64, [0])
+    _, seg1, pos1 = packed_inputs(rng, 1, 64, [0, 20])
+    seg, pos = jnp.concatenate([seg[:1], seg1]), jnp.concatenate([pos[:1], pos1])
+    budget = jnp.full((2,), 2, jnp.int32)
+    params = nn.meta.unbox(model.init(jax.random.key(0), tokens, seg, pos, budget)["params"])
+    logits = jax.jit(lambda t: model.apply({"params": params}, t, seg, pos, budget))
+    base = np.asarray(logits(tokens))
+
+    def other(tokens, where_BT):
+        fresh = jnp.asarray(rng.integers(0, 256, tokens.shape), jnp.int32)
+        return jnp.where(where_BT, (tokens + 1 + fresh % 255) % 256, tokens)  # every one moves
+
+    for p in (20, 47, 50, 60):
+        later = np.broadcast_to(np.arange(64) > p, (2, 64))
+        moved = np.asarray(logits(other(tokens, later)))
+        np.testing.assert_array_equal(moved[:, :p + 1], base[:, :p + 1], err_msg=f"p={p}")
+        assert np.abs(moved[:, p + 1:] - base[:, p + 1:]).max() > 0  # the change reached them
+    first_doc = np.zeros((2, 64), bool)
+    first_doc[1, :20] = True
+    moved = np.asarray(logits(other(tokens, first_doc)))
+    np.testing.assert_array_equal(moved[1, 20:], base[1, 20:])
+    np.testing.assert_array_equal(moved[0], base[0])
+
+
 @pytest.mark.parametrize("stride", [1, 5])
 def test_first_layer_qk_are_the_first_layers_gate_inputs(monkeypatch, stride):
     """first_layer_qk (the DST coverage probe's inputs) gives the q and k that the first
@@ -290,3 +325,34 @@ def test_unrolled_layers_lower_to_one_function():
                    ).lower(params).as_text()
     calls = collections.Counter(re.findall(r"call @(run\w*)\(", text))
     assert len(calls) == 2 and set(calls.values()) == {cfg.model.num_layers}, calls
+
+
+def test_layer_budget_scale_reaches_each_layer(monkeypatch):
+    """attention.layer_budget_scale: each layer runs the row budgets times its own scale
+    (rounded half to even, at least 1), scanned or unrolled, with the same logits."""
+    from sparsebalance_jax.model import transformer
+
+    seen = []
+    attention_op = transformer.attention_op
+
+    def recording(q, k, v, seg, budget, **kwargs):
+        jax.debug.callback(lambda b: seen.append(np.asarray(b).tolist()), budget, ordered=True)
+        return attention_op(q, k, v, seg, budget, **kwargs)
+
+    monkeypatch.setattr(transformer, "attention_op", recording)
+    tokens, seg, pos = packed_inputs(np.random.default_rng(), 2, 64, [0, 32])
+    budget = jnp.asarray([4, 3], jnp.int32)
+    logits = {}
+    for scan in (True, False):
+        cfg = tiny_config("moba", scan_layers=scan)
+        cfg = dataclasses.replace(cfg, attention=dataclasses.replace(
+            cfg.attention, layer_budget_scale=(0.5, 1.0)))
+        model = Transformer(cfg.model, cfg.attention, 4)
+        if scan:
+            params = nn.meta.unbox(model.init(jax.random.key(0), tokens, seg, pos,
+                                              budget)["params"])
+        seen.clear()
+        logits[scan] = np.asarray(model.apply({"params": params}, tokens, seg, pos, budget))
+        jax.effects_barrier()
+        assert seen == [[2, 2], [4, 3]], (scan, seen)  # 3 x 0.5 = 1.5 rounds to 2
+    np.testing.assert_allclose(logits[True], logits[False], rtol=1e-5, atol=1e-5)

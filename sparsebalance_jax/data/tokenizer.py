@@ -16,6 +16,8 @@ instead of quietly falling back to bytes.
 
 from __future__ import annotations
 
+import codecs
+
 import dataclasses
 from typing import Protocol
 
@@ -76,9 +78,12 @@ class ByteTokenizer:
         return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.int32)
 
     def decode(self, ids) -> str:
-        """Text of `ids`; special ids are dropped, invalid UTF-8 becomes U+FFFD."""
+        """Text of `ids`; special ids are dropped, invalid UTF-8 becomes U+FFFD, and a character
+        cut short at the end (a generation stopped by its budget) is dropped."""
         ids_N = np.asarray(ids)
-        return ids_N[ids_N < 256].astype(np.uint8).tobytes().decode("utf-8", errors="replace")
+        data = ids_N[ids_N < 256].astype(np.uint8).tobytes()
+        # Not final: an incomplete sequence at the end stays in the decoder, unreturned.
+        return codecs.getincrementaldecoder("utf-8")(errors="replace").decode(data, final=False)
 
     def padded_vocab_size(self, multiple: int = 128) -> int:
         """Vocabulary rounded up to `multiple` (embedding tables like aligned sizes)."""

@@ -246,14 +246,14 @@ def heldout_text(corpus, tokenizer: Tokenizer, *, lengths: Sequence[int], per_ce
     return out
 
 
-def _prompt_room(settings: EvalSettings, task: str) -> int:
+def _prompt_room(settings: EvalSettings, tokenizer: Tokenizer, task: str) -> int:
     """Tokens a `task` prompt may keep: max_seq_len less the task's answer budget and the
     three specials (BOS, USER, ASSISTANT)."""
-    spec = longbench.TASKS[task]
-    room = settings.max_seq_len - spec.max_new_tokens - 3
+    budget = longbench.answer_budget(task, tokenizer.kind)
+    room = settings.max_seq_len - budget - 3
     if room <= 0:
         raise ValueError(f"max_seq_len={settings.max_seq_len} leaves no room for a "
-                         f"{task!r} prompt after {spec.max_new_tokens} answer tokens")
+                         f"{task!r} prompt after {budget} answer tokens")
     return room
 
 
@@ -261,15 +261,16 @@ def _gold_answer_ids(tokenizer: Tokenizer, task: str,
                      examples: Sequence[longbench.LongBenchExample]) -> list[np.ndarray]:
     """The first gold answer of each example as ids, as teacher forcing scores it; raises if
     one is longer than the task's answer budget."""
-    spec = longbench.TASKS[task]
+    budget = longbench.answer_budget(task, tokenizer.kind)
     answers = [tokenizer.encode(e.answers[0]) for e in examples]
-    too_long = [e.id for e, a in zip(examples, answers) if len(a) > spec.max_new_tokens]
+    too_long = [e.id for e, a in zip(examples, answers) if len(a) > budget]
     if too_long:  # Cutting them would make exact match demand a stop mid-answer.
         raise ValueError(f"LongBench task {task!r}: the gold answers of {len(too_long)} of "
                          f"{len(examples)} examples (ids {too_long[:5]}) exceed the task's "
-                         f"{spec.max_new_tokens} answer tokens, so teacher forcing cannot score "
-                         f"them; score {task} with --mode=greedy (its LongBench metric) or leave "
-                         f"it out of --longbench_tasks")
+                         f"{budget} answer tokens ({tokenizer.kind}; LongBench's "
+                         f"{longbench.TASKS[task].max_new_tokens}), so teacher forcing cannot "
+                         f"score them; score {task} with --mode=greedy (its LongBench metric) or "
+                         f"leave it out of --longbench_tasks")
     return answers
 
 
@@ -279,7 +280,7 @@ def evaluate_longbench(scorer: Scorer, task: str, examples: Sequence[longbench.L
     answer room is cut in the middle as LongBench's pred.py cuts it: the whole formatted
     prompt, question included (`longbench.truncate_middle`)."""
     tok = scorer.tokenizer
-    room = _prompt_room(scorer.settings, task)
+    room = _prompt_room(scorer.settings, tok, task)
     prompts = [np.asarray(longbench.truncate_middle(tok.encode(longbench.build_prompt(e)), room),
                           np.int32) for e in examples]
     buckets = [longbench.length_bucket(e.length) for e in examples]
@@ -288,8 +289,8 @@ def evaluate_longbench(scorer: Scorer, task: str, examples: Sequence[longbench.L
         return [ExampleResult("longbench", task, bk, float(ok), nll, None)
                 for bk, (ok, nll) in zip(buckets, stats)]
     spec = longbench.TASKS[task]
-    texts = [tok.decode(ids)
-             for ids in scorer.greedy(prompts, [spec.max_new_tokens] * len(prompts))]
+    budget = longbench.answer_budget(task, tok.kind)
+    texts = [tok.decode(ids) for ids in scorer.greedy(prompts, [budget] * len(prompts))]
     return [
         ExampleResult("longbench", task, bk,
                       metrics.score_example(spec.metric, text, e.answers, task=task,
@@ -427,7 +428,7 @@ def run(apply_fn: ApplyFn, params: Any, tokenizer: Tokenizer, request: EvalReque
     lb = {t: longbench.load_task(request.longbench_dir, t, longbench_e=request.longbench_e)
           for t in request.longbench_tasks} if request.longbench_dir else {}
     for task, examples in lb.items():
-        _prompt_room(request.settings, task)
+        _prompt_room(request.settings, tokenizer, task)
         if request.settings.mode == "teacher_forced":
             _gold_answer_ids(tokenizer, task, examples)
     scorer = Scorer(apply_fn, params, tokenizer, request.settings)

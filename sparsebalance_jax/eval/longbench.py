@@ -24,7 +24,7 @@ class TaskSpec:
 
     name: str
     metric: str  # a key of metrics.METRICS
-    max_new_tokens: int  # generation budget for this task's answers
+    max_new_tokens: int  # LongBench's answer budget, in its models' tokens (answer_budget)
     template: str  # str.format template with {context} and {input}
 
 
@@ -127,6 +127,26 @@ TASKS: dict[str, TaskSpec] = {
         TaskSpec("repobench-p", "code_sim", 64, _REPOBENCH),
     )
 }
+
+# The Chinese tasks (their answers are scored on jieba's words, metrics.py).
+ZH_TASKS = frozenset({"multifieldqa_zh", "dureader", "vcsum", "lsht", "passage_retrieval_zh"})
+# Bytes per token of LongBench's budgets (its models' BPE tokens): English text runs about 4
+# characters, one byte each, a token; Chinese about 1.5 characters, three bytes each.
+_BYTES_PER_TOKEN = {"en": 4.0, "zh": 4.5}
+
+
+def answer_budget(task: str, tokenizer_kind: str) -> int:
+    """The most ids an answer to `task` may take in the tokenizer's ids: LongBench's
+    max_new_tokens, counted in its models' tokens, converted (the byte tokenizer's ids are
+    bytes, ~4x as many as such tokens: taken as they are, the budget would cut answers a
+    quarter of the way)."""
+    tokens = TASKS[task].max_new_tokens
+    if tokenizer_kind != "bytes":
+        raise ValueError(f"no LongBench answer budget for tokenizer {tokenizer_kind!r}; "
+                         "only 'bytes' is known")
+    per_token = _BYTES_PER_TOKEN["zh" if task in ZH_TASKS else "en"]
+    return int(-(-tokens * per_token // 1))
+
 
 # The tasks that LongBench-E ships (a length-balanced subset).
 LONGBENCH_E_TASKS = (
@@ -237,8 +257,8 @@ def truncate_middle(ids: Sequence[int], max_len: int) -> list[int]:
     ids = list(ids)
     if len(ids) <= max_len:
         return ids
-    head = max_len // 2
-    return ids[:head] + ids[len(ids) - (max_len - head):]
+    half = max_len // 2  # pred.py's int(max_length / 2) from each end: an odd max_len keeps
+    return ids[:half] + ids[len(ids) - half:]  # one token less
 
 
 def score_task(

@@ -1,7 +1,9 @@
 """LongBench answer metrics, computed as LongBench's own scorer computes them.
 
 Each metric reproduces LongBench's `metrics.py` (THUDM/LongBench, commit f6227eb; unchanged in
-behaviour since) with the libraries it uses, so scores compare with published LongBench numbers:
+behaviour since) with the libraries it uses, so a prediction scores as LongBench scores it (the
+prompts, though, are longbench.py's own wording: a task's score is not one measured with
+LongBench's prompts):
 `rouge` for ROUGE-L, `jieba` to cut Chinese into words, `rapidfuzz` for code edit similarity
 (the ratio LongBench takes from fuzzywuzzy over python-Levenshtein). They are imported on first
 use, so a run that scores no LongBench task does not need them. Every metric maps (prediction,

@@ -22,6 +22,7 @@ import numpy as np
 
 from sparsebalance_jax.config import (Config, ConfigError, MeshConfig, check_attention_runs_here,
                                       from_config_dict)
+from sparsebalance_jax.data.packing import ROW_KEYS, aligned_length, pack_rows
 from sparsebalance_jax.jsonfile import write_json, write_text
 
 # Tracing, lowering and XLA compilation: together, what a first call pays on top of running.
@@ -92,24 +93,25 @@ def check_meshes(raw: Mapping[str, Any], meshes: Sequence[MeshConfig]) -> int:
 
 
 def synthetic_batch(cfg: Config, global_rows: int, seed: int = 0) -> dict[str, np.ndarray]:
-    """A step batch in the step layout: [M, G, T] tokens of packed random documents."""
+    """A step batch in the step layout ([M, G, T] rows), packed as training packs them
+    (data.packing: documents at block starts, targets within each document, padding between):
+    random-token documents of lengths drawn from [data.min_doc_len, data.max_doc_len], each
+    row filled until its free slots run out (the last document cut to fit)."""
     rng = np.random.default_rng(seed)
-    m, t, d = cfg.data.micro_batches, cfg.data.seq_len, cfg.data
-    tokens_MGT = rng.integers(0, cfg.model.vocab_size, (m, global_rows, t), dtype=np.int32)
-    segment_ids_MGT = np.empty((m, global_rows, t), np.int32)
-    positions_MGT = np.empty((m, global_rows, t), np.int32)
-    for i in range(m):
-        for r in range(global_rows):
-            start, seg = 0, 1
-            while start < t:
-                length = min(int(rng.integers(d.min_doc_len, d.max_doc_len + 1)), t - start)
-                segment_ids_MGT[i, r, start:start + length] = seg
-                positions_MGT[i, r, start:start + length] = np.arange(length)
-                start, seg = start + length, seg + 1
-    return dict(inputs=tokens_MGT, targets=np.roll(tokens_MGT, -1, axis=-1),
-                loss_mask=np.ones((m, global_rows, t), np.float32),
-                segment_ids=segment_ids_MGT, positions=positions_MGT,
-                budgets=np.full((m, global_rows), cfg.attention.budget, np.int32))
+    m, t, d, align = cfg.data.micro_batches, cfg.data.seq_len, cfg.data, cfg.attention.block_size
+    rows = []
+    for _ in range(m * global_rows):
+        docs, free = [], t
+        while free > 0:
+            n = min(int(rng.integers(d.min_doc_len, d.max_doc_len + 1)), free)
+            tokens = rng.integers(0, cfg.model.vocab_size, n + 1, dtype=np.int32)
+            docs.append(dict(inputs=tokens[:-1], targets=tokens[1:],
+                             loss_mask=np.ones(n, np.float32)))
+            free -= aligned_length(n, align)
+        rows.append(pack_rows(docs, 1, t, align))
+    batch = {key: np.concatenate([r[key] for r in rows]).reshape(m, global_rows, t)
+             for key in ROW_KEYS}
+    return dict(batch, budgets=np.full((m, global_rows), cfg.attention.budget, np.int32))
 
 
 class _CompileClock:
