@@ -122,6 +122,18 @@ def test_data_parallel_step_all_reduces_over_data_once(fsdp, tensor, scan_layers
     assert _all_reduces_in_loops(step(2, partitioned=False)) > one_shard
 
 
+@pytest.mark.parametrize("mesh_shape", [(1, 4, 2), (2, 2, 2)])
+def test_step_moves_no_whole_activation_between_devices(mesh_shape):
+    """Collectives carry weights, their gradients and partial sums, never a whole micro-batch's
+    [rows, T, E] activations: the embedding lookup once made XLA gather its activations'
+    gradient whole across fsdp to scatter it into the embed-sharded table (at 1 x 4 x 2)."""
+    cfg = tiny_config()
+    rows_TE = rf"f32\[4,{cfg.data.seq_len},{cfg.model.d_model}\]"
+    hlo = _compiled_step(mesh_shape)
+    moved = re.findall(rf"= {rows_TE}\S* (?:all-gather|all-to-all)\(", hlo)
+    assert not moved, moved
+
+
 def test_mesh_that_does_not_match_devices_fails():
     with pytest.raises(ValueError, match="does not match the 8 available devices"):
         make_mesh(MeshConfig(2, 2, 1))

@@ -53,6 +53,27 @@ def apply_rope(x_BTHD, positions_BT, theta: float):
     return out.astype(x_BTHD.dtype)
 
 
+class Embed(nn.Module):
+    """Token embedding: the "embedding" table [vocab, embed], looked up whole.
+
+    Under fsdp the table's embed axis is gathered for the lookup (its gradient reduce-scattered
+    back), as every sharded weight is before use. Looked up sharded, its gradient would need
+    the activations' gradient laid out over embed, which XLA's partitioner does by replicating
+    it ("Involuntary full rematerialization" at data 1 x fsdp 4 x tensor 2): a [B, T, E]
+    tensor where the table is [vocab, E] (the byte vocabulary: 384 rows)."""
+
+    model: ModelConfig
+
+    @nn.compact
+    def __call__(self, inputs_BT):
+        m = self.model
+        table_VE = self.param("embedding", _init(("vocab", "embed")), (m.vocab_size, m.d_model),
+                              _dtype(m.param_dtype))
+        table_VE = nn.with_logical_constraint(table_VE.astype(_dtype(m.compute_dtype)),
+                                              ("vocab", None))
+        return jnp.take(table_VE, inputs_BT, axis=0)
+
+
 class Linear(nn.Module):
     """Contracts the last `in_dims` axes of x with a kernel whose axes carry logical names.
 
@@ -199,10 +220,7 @@ class Transformer(nn.Module):
     @nn.compact
     def __call__(self, inputs_BT, segment_ids_BT, positions_BT, budget_B):
         m = self.model
-        embed = nn.Embed(m.vocab_size, m.d_model, embedding_init=_init(("vocab", "embed")),
-                         param_dtype=_dtype(m.param_dtype), dtype=_dtype(m.compute_dtype),
-                         name="embed")
-        x_BTE = embed(inputs_BT)
+        x_BTE = Embed(m, name="embed")(inputs_BT)
         x_BTE = nn.with_logical_constraint(x_BTE, ("act_batch", "act_seq", "act_embed"))
         scales_L = (jnp.asarray(self.attention.layer_budget_scale, jnp.float32)
                     if self.attention.layer_budget_scale
