@@ -30,8 +30,8 @@ _BUDGET = flags.DEFINE_integer("budget", None, "MoBA budget (default: attention.
 _MAX_LEN = flags.DEFINE_integer("max_seq_len", None, "Longest row (default: data.seq_len).")
 _LENGTHS = flags.DEFINE_list("suite_lengths", None,
                              "Synthetic lengths in characters (default: 1/4, 1/2 and nearly "
-                             "all of max_seq_len, leaving room for each row's answer); 'none' "
-                             "skips the suite.")
+                             "all of max_seq_len, each at least 800, leaving room for each "
+                             "row's answer; equal ones merge); 'none' skips the suite.")
 _PER_CELL = flags.DEFINE_integer("suite_per_cell", 8, "Examples per (task, length).")
 _SEED = flags.DEFINE_integer("suite_seed", 1234, "Suite seed (training uses data.seed).")
 _TASKS = flags.DEFINE_list("suite_tasks", None, "Synthetic tasks (default: all five).")

@@ -38,6 +38,9 @@ def main(argv):
     from sparsebalance_jax.training import launch
     from sparsebalance_jax.training.state import dummy_inputs
 
+    if jax.default_backend() != "gpu":
+        raise SystemExit("trace_probe needs a GPU: it reads the probe's GPU kernels from a "
+                         f"profiler trace (this process has {jax.default_backend()} only)")
     raw = _CONFIG.value
     raw.mesh.data, raw.mesh.fsdp, raw.mesh.tensor = 1, 1, 1
     cfg = config_lib.from_config_dict(raw)

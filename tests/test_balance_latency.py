@@ -317,3 +317,30 @@ def test_profile_times_each_distinct_program_once_compiled(monkeypatch):
     s = table.seconds_LK
     assert s[0] == (2.0,) * 4 and s[1] == (4.0, 5.0, 5.0, 5.0) and s[2] == (7.0, 8.0, 9.0, 10.0)
     assert table.pad_seconds_L == (3.0, 6.0, 11.0)
+
+
+def test_a_table_that_cannot_price_the_run_stops_it_at_launch(tmp_path):
+    """The launch asks the cost model for the longest document at every budget the run may
+    price: a profiled table too short for it is a config error naming balance.latency_table
+    (before the work directory is written), not an error at the first batch."""
+    import jax
+
+    from configs.longbench import get_config
+    from sparsebalance_jax.config import ConfigError, from_config_dict
+    from sparsebalance_jax.training import launch
+
+    raw = get_config("cpu")
+    raw.balance.update(latency_model="profiled", latency_table=str(tmp_path))
+    cfg = from_config_dict(raw, device_count=2)
+    shape = latency.LayerShape.from_configs(cfg.model, cfg.attention)
+    lengths = (64, 128, 256)
+    assert cfg.data.max_doc_len > lengths[-1]
+    latency.save_table(str(tmp_path), latency.LatencyTable(
+        device_kind=jax.devices()[0].device_kind, shape=shape, lengths=lengths, budgets=(1, 2, 4),
+        seconds_LK=tuple((1e-3 * n, 2e-3 * n, 3e-3 * n) for n in lengths),
+        pad_seconds_L=_pad(lengths)))
+    with pytest.raises(ConfigError, match=r"balance\.latency_table: a document of "
+                                          rf"{cfg.data.max_doc_len} tokens is longer"):
+        launch.latency_model(cfg)
+    raw.data.max_doc_len = 256  # within the table: it prices every budget
+    assert launch.latency_model(from_config_dict(raw, device_count=2)).block_size == 64

@@ -56,13 +56,26 @@ def latency_model(cfg: Config):
     """The cost model the batcher and the tuner price work with (see balance/latency.py)."""
     from sparsebalance_jax.balance import latency
 
+    from sparsebalance_jax.balance.tuner import budget_bounds
+
     shape = latency.LayerShape.from_configs(cfg.model, cfg.attention)
     try:
-        return latency.make_latency_model(cfg.balance.latency_model, shape,
-                                          table_dir=cfg.balance.latency_table,
-                                          device_kind=jax.devices()[0].device_kind)
+        model = latency.make_latency_model(cfg.balance.latency_model, shape,
+                                           table_dir=cfg.balance.latency_table,
+                                           device_kind=jax.devices()[0].device_kind)
     except FileNotFoundError as e:
         raise ConfigError(f"balance.latency_table: {e}") from None
+    # Every price the run can ask for, asked once now: the longest document at the base budget
+    # (the batcher's) and at every budget the tuner may choose. A table that cannot price them
+    # stops the run here, before anything is written, not at its first batch.
+    a = cfg.attention
+    lo, hi = (budget_bounds(a.budget, cfg.balance.p, a.budget_buckets[-1]) if cfg.balance.dst
+              else (a.budget, a.budget))
+    try:
+        model.predict_per_budget(np.array([[cfg.data.max_doc_len]]), np.arange(lo, hi + 1))
+    except ValueError as e:
+        raise ConfigError(f"balance.latency_table: {e}") from None
+    return model
 
 
 def data_iterator(cfg: Config, cost_model, crop_counter=None):
