@@ -230,10 +230,12 @@ class LatencyTable:
     pad_seconds_L[i] the time of a padding-only row of lengths[i]. A line through the padding
     rows' times (least squares) gives `call_seconds`, its intercept clipped to [0, the fastest
     entry] - the fixed part of a call, which a packed micro-batch pays once, not once per
-    document - and `pad_seconds_per_token`, its slope. Each length's row is made
-    non-decreasing in the budget on construction (`_non_decreasing`): a larger budget never
-    does less work (a query attends to min(k, its blocks) blocks), so a dip is timing noise,
-    and the tuner's scans rely on latency not falling as k rises (`tuner`, rule 2).
+    document - and `pad_seconds_per_token`, its slope. The fields hold the measurements as
+    timed (and are what to_json_dict writes); `fitted_seconds_LK`, what the profiled model
+    interpolates, is each length's row made non-decreasing in the budget (`_non_decreasing`): a
+    larger budget never does less work (a query attends to min(k, its blocks) blocks), so a dip
+    is timing noise, and the tuner's scans rely on latency not falling as k rises (`tuner`,
+    rule 2).
     """
 
     device_kind: str
@@ -252,7 +254,9 @@ class LatencyTable:
         if arr.shape != (len(self.lengths), len(self.budgets)) or not np.all(arr > 0):
             raise ValueError(f"table seconds must be positive, shape "
                              f"{(len(self.lengths), len(self.budgets))}, got {arr.shape}")
-        object.__setattr__(self, "seconds_LK", tuple(_non_decreasing(row) for row in arr))
+        object.__setattr__(self, "seconds_LK", tuple(tuple(float(x) for x in row) for row in arr))
+        fitted = tuple(_non_decreasing(row) for row in arr)
+        object.__setattr__(self, "fitted_seconds_LK", fitted)
         pad_L = np.asarray(self.pad_seconds_L, dtype=np.float64)
         if pad_L.shape != (len(self.lengths),) or not np.all(pad_L > 0):
             raise ValueError(f"table pad_seconds_L must be positive, one per length "
@@ -262,7 +266,7 @@ class LatencyTable:
             slope, intercept = np.polyfit(lengths_L, pad_L, 1)
         else:
             slope, intercept = pad_L[0] / lengths_L[0], 0.0
-        call = float(np.clip(intercept, 0.0, min(arr.min(), pad_L.min())))
+        call = float(np.clip(intercept, 0.0, min(np.min(fitted), pad_L.min())))
         # Derived, not fields: to_json_dict writes the measurements only.
         object.__setattr__(self, "call_seconds", call)
         object.__setattr__(self, "pad_seconds_per_token", float(max(slope, 0.0)))
@@ -365,7 +369,7 @@ class ProfiledLatencyModel(LatencyModel):
         self.call_seconds = table.call_seconds
         self._lengths = np.asarray((0,) + table.lengths, dtype=np.float64)
         # What each length adds to a call; the n = 0 row adds nothing.
-        added_LK = np.asarray(table.seconds_LK, dtype=np.float64) - table.call_seconds
+        added_LK = np.asarray(table.fitted_seconds_LK, dtype=np.float64) - table.call_seconds
         self._seconds_LK = np.concatenate([np.zeros((1, added_LK.shape[1])), added_LK])
         self._budgets = np.asarray(table.budgets, dtype=np.float64)
 
