@@ -151,6 +151,19 @@ def test_extrapolating_from_a_segment_inside_the_triangle_is_refused():
                                          r"32\).*--lengths=32,48,64 "):
         short.predict([96], 4)
     assert model((32, 48, 64)).predict([96], 4) == pytest.approx(seconds(96), rel=1e-12)
+    # Between profiled budgets the interpolation reads the next one's column: budget 3 on a
+    # table profiled at 1 and 4 needs 4's segment (from 3 blocks), not 3's (from 2).
+    lengths = (16, 32, 48, 64)
+    table = latency.LatencyTable(
+        device_kind="cpu", shape=SHAPE, lengths=lengths, budgets=(1, 4),
+        seconds_LK=tuple((0.01 * n + 0.5 * n / 16, seconds(n)) for n in lengths),
+        pad_seconds_L=_pad(lengths))
+    latency.ProfiledLatencyModel(table).predict([96], 3)  # the segment 48 -> 64 is linear at 4
+    table = dataclasses.replace(table, lengths=lengths[:3], seconds_LK=table.seconds_LK[:3],
+                                pad_seconds_L=table.pad_seconds_L[:3])
+    with pytest.raises(ValueError, match=r"budget 3 \(profiled budget 4\).* 3 x 16 = 48 tokens "
+                                         r"\(its last segment starts at 32\)"):
+        latency.ProfiledLatencyModel(table).predict([96], 3)
 
 
 def test_table_time_never_falls_as_the_budget_rises():

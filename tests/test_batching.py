@@ -156,6 +156,11 @@ def test_resume_inside_a_window_refuses_other_cost_numbers_or_other_documents():
         resumed = iter(_batcher(lengths, "sab", window=3))
         resumed.set_state(dict(mid, settings=saved))
         np.testing.assert_array_equal(next(resumed)["inputs"], want)
+    # A state from before the settings and the window's size were saved resumes too.
+    oldest = {k: v for k, v in mid.items() if k not in ("settings", "window_docs", "window_steps")}
+    resumed = iter(_batcher(lengths, "sab", window=3))
+    resumed.set_state(oldest)
+    np.testing.assert_array_equal(next(resumed)["inputs"], want)
 
 
 def test_document_longer_than_a_row_is_an_error():

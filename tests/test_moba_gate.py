@@ -159,8 +159,9 @@ _SPLIT = [1] * 40 + [2] * 40 + [1] * 48  # document 1 interrupted by document 2
     (dict(d=80), "head_dim D=80 must be a power of two"),
     (dict(d=8), "head_dim D=8 must be a power of two >= 16"),
     (dict(seg=[0] * 64 + [-1] * 64), r"segment_ids_BT must be >= 0.*rows \[0\]"),
-    (dict(seg=_SPLIT), r"segment_ids_BT row 0: document ids \[1\].*one contiguous span"),
-    (dict(seg=[1] * 40 + [0] * 40 + [1] * 48), r"segment_ids_BT row 0: document ids \[1\]"),
+    (dict(seg=_SPLIT), r"segment_ids_BT row 0: document ids \[1\].*only padding may"),
+    (dict(seg=[2] * 40 + [0] * 40 + [1] * 8 + [0] * 8 + [2] * 32),
+     r"segment_ids_BT row 0: document ids \[2\]"),
 ])
 def test_validation_errors_name_the_argument(bad, match):
   rng = np.random.default_rng()
@@ -176,8 +177,9 @@ def test_validation_errors_name_the_argument(bad, match):
 
 
 def test_segment_rule_allows_padding_between_documents_and_any_id_order():
-  # Padding between two documents, ids out of order, a row of padding only: all valid.
-  gating.check_segments(np.array([[3] * 40 + [0] * 8 + [1] * 16 + [2] * 64, [0] * 128]))
+  # Padding between two documents or inside one, ids out of order, a row of padding only.
+  gating.check_segments(np.array([[3] * 40 + [0] * 8 + [1] * 16 + [2] * 64, [0] * 128,
+                                  [1] * 40 + [0] * 40 + [1] * 48]))
 
 
 def test_budget_out_of_range_raises_eagerly_and_poisons_under_jit():

@@ -269,8 +269,9 @@ def check_budget(budget_B: jax.Array, *, k_max: int) -> jax.Array:
 
 
 def check_segments(segment_ids_BT: jax.Array) -> None:
-  """The segment-id rule (package docstring: 0 = padding, documents > 0, each one contiguous
-  span of its row), checked where segment_ids_BT is concrete: a violation raises ValueError
+  """The segment-id rule (package docstring: 0 = padding, documents > 0, between two tokens of
+  a document only its tokens or padding), checked where segment_ids_BT is concrete: a
+  violation raises ValueError
   naming the row. Traced ids are the caller's contract (the gate's per-document keys assume
   it and would silently differ); the project's packer writes ids 1, 2, ... in row order."""
   if isinstance(segment_ids_BT, jax.core.Tracer):
@@ -280,17 +281,17 @@ def check_segments(segment_ids_BT: jax.Array) -> None:
   if negative.size:
     raise ValueError(f"segment_ids_BT must be >= 0 (0 = padding, documents > 0); rows "
                      f"{negative.tolist()} hold negative ids")
-  # A run of one nonzero id starts where the id changes; an id starting two runs in a row
-  # (another document's or padding's tokens between) is a document in pieces.
-  prev_BT = np.concatenate([np.zeros_like(ids_BT[:, :1]), ids_BT[:, :-1]], axis=1)
+  # Padding may lie inside a document; among the row's document tokens a run of one id starts
+  # where the id changes, and an id starting two runs (another document between) is a
+  # document in pieces.
   for b in range(ids_BT.shape[0]):
-    starts = ids_BT[b][(ids_BT[b] != 0) & (ids_BT[b] != prev_BT[b])]
+    docs = ids_BT[b][ids_BT[b] != 0]
+    starts = docs[np.concatenate([[True], docs[1:] != docs[:-1]])] if docs.size else docs
     values, counts = np.unique(starts, return_counts=True)
     if (counts > 1).any():
       raise ValueError(f"segment_ids_BT row {b}: document ids {values[counts > 1].tolist()} "
-                       "each hold tokens in more than one span; a document must be one "
-                       "contiguous span of its row (padding or other documents may not "
-                       "interrupt it)")
+                       "each hold tokens on both sides of another document; a document must "
+                       "be one span of its row (only padding may interrupt it)")
 
 
 def moba_gate(q_BTHD, k_BTKD, segment_ids_BT, budget_B, *, block_size: int, k_max: int

@@ -208,8 +208,7 @@ class AnalyticLatencyModel(LatencyModel):
         self.pad_seconds_per_token = 0.0 if padding_is_free else self.seconds_per_token
 
     def fingerprint(self) -> str:
-        return _digest(dict(shape=dataclasses.asdict(self.shape),
-                            seconds_per_token=self.seconds_per_token,
+        return _digest(dict(block_size=self.block_size, seconds_per_token=self.seconds_per_token,
                             seconds_per_block_pair=self.seconds_per_block_pair,
                             seconds_per_gate_block=self.seconds_per_gate_block,
                             pad_seconds_per_token=self.pad_seconds_per_token))
@@ -407,7 +406,10 @@ class ProfiledLatencyModel(LatencyModel):
     def _check_extrapolation(self, longest_doc: float, top_budget: int) -> None:
         longest = self.table.lengths[-1]
         start = int(self._lengths[-2])  # The last segment's start (0 for a one-length table).
-        needed = (top_budget - 1) * self.block_size
+        # The budget column the interpolation reads at top_budget (the next profiled budget).
+        budgets = self.table.budgets
+        k = budgets[min(int(np.searchsorted(budgets, top_budget)), len(budgets) - 1)]
+        needed = (k - 1) * self.block_size
         if longest_doc > longest and start < needed:
             # Two lengths from (k - 1) blocks on make the last segment linear.
             first = max(needed, self.block_size)
@@ -415,9 +417,10 @@ class ProfiledLatencyModel(LatencyModel):
             raise ValueError(
                 f"a document of {int(longest_doc)} tokens is longer than the latency table's "
                 f"longest profiled length {longest} ({self.source}), and the table extends "
-                f"linearly only where its last two lengths are at least (budget - 1) x "
-                f"block_size = {top_budget - 1} x {self.block_size} = {needed} tokens (its "
-                f"last segment starts at {start}); profile those lengths: `{PROFILE_COMMAND} "
+                f"linearly at budget {top_budget} (profiled budget {k}) only where its last "
+                f"two lengths are at least (budget - 1) x block_size = {k - 1} x "
+                f"{self.block_size} = {needed} tokens (its last segment starts at {start}); "
+                f"profile those lengths: `{PROFILE_COMMAND} "
                 f"--lengths={','.join(str(n) for n in lengths)} ...`")
 
 

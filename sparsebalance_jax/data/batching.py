@@ -463,7 +463,8 @@ class _BatcherIterator(grain.DatasetIterator):
         # state saved before the first window was read has none to compare.)
         docs = len(self._docs or ())
         steps = self._plan.num_steps if self._plan is not None else 0
-        saved_window = (int(state["window_docs"]), int(state["window_steps"]))
+        # (States from before the window's size was saved have none: nothing to compare.)
+        saved_window = (int(state.get("window_docs", 0)), int(state.get("window_steps", 0)))
         if saved_window != (0, 0) and (docs, steps) != saved_window or emitted > steps:
             raise BatcherStateError(
                 f"the data iterator's window {self._window_index} was saved with "

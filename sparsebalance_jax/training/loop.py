@@ -146,21 +146,24 @@ def train(cfg: Config, data_iterator, balancer, *, show_progress: bool = True,
             loss = float(metrics["loss"])  # Blocks: the step's time is measured to here.
             seconds = time.perf_counter() - t0
             grad_norm = float(metrics["grad_norm"])
-            if math.isfinite(loss) and not math.isfinite(grad_norm):
-                # A finite loss over non-finite gradients (the backward pass alone broke): the
-                # state the step returns is not finite; it is never saved.
-                raise TrainingDivergedError(
-                    f"gradient norm is {grad_norm} at step {step + 1} (loss {loss}); stopping "
-                    f"before its update is saved. Checkpoints up to step "
-                    f"{manager.latest_step()} are kept in {cfg.train.workdir}")
-            if not math.isfinite(loss):
+            if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+                newest = manager.latest_step()
+                kept = (f"Checkpoints up to step {newest} are kept in {cfg.train.workdir}"
+                        if newest is not None else
+                        f"No checkpoint was written to {cfg.train.workdir} yet")
+                if math.isfinite(loss):
+                    # A finite loss over non-finite gradients (the backward pass alone broke):
+                    # the state the step returns is not finite; it is never saved.
+                    raise TrainingDivergedError(
+                        f"gradient norm is {grad_norm} at step {step + 1} (loss {loss}); "
+                        f"stopping before its update is saved. {kept}")
                 # The loss is of the parameters the step began with: those of the newest
                 # checkpoint, when it is the step before. They are finite, not known good.
                 raise TrainingDivergedError(
-                    f"loss is {loss} at step {step + 1}; stopping. Checkpoints up to step "
-                    f"{manager.latest_step()} are kept in {cfg.train.workdir}; this loss is "
-                    f"that of the parameters step {step + 1} began with, so resume from an "
-                    "earlier checkpoint (or with a lower learning rate)")
+                    f"loss is {loss} at step {step + 1}; stopping. {kept}; this loss is that "
+                    f"of the parameters step {step + 1} began with, so "
+                    + ("resume from an earlier checkpoint (or with a lower learning rate)"
+                       if newest is not None else "start afresh with a lower learning rate"))
             balancer.observe(decision, shard_seconds)
             last = dict(loss=loss, grad_norm=grad_norm,
                         learning_rate=float(schedule(step)), step_time_s=seconds,

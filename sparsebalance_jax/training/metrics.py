@@ -13,18 +13,16 @@ from sparsebalance_jax.jsonfile import write_text
 class MetricsLogger:
     """Writes from one process only (`enabled`): a multi-process job logs on process 0.
 
-    `start`: the step a run resumes from. The records of later steps, written by the run
-    before it was stopped and about to be written again, are dropped from metrics.jsonl and
-    hidden from TensorBoard (its purge_step), so each step keeps one record: the resumed
-    run's."""
+    `start`: the step a run resumes from (0: a fresh run). The records of later steps, written
+    by a run stopped before and about to be written again, are dropped from metrics.jsonl and
+    hidden from TensorBoard (its purge_step), so each step keeps one record: this run's."""
 
     def __init__(self, workdir: str, *, enabled: bool = True, start: int = 0):
         self._enabled = enabled
         if not enabled:
             return
         os.makedirs(workdir, exist_ok=True)
-        self._writer = SummaryWriter(os.path.join(workdir, "tensorboard"),
-                                     purge_step=start + 1 if start else None)
+        self._writer = SummaryWriter(os.path.join(workdir, "tensorboard"), purge_step=start + 1)
         path = os.path.join(workdir, "metrics.jsonl")
         _drop_partial_line(path)
         _drop_steps_after(path, start)
