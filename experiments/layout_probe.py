@@ -140,7 +140,7 @@ def ranks_chunked(sel_BGTK, n, *, reads, compares, reads_chunk=None):
   return before_BGTK + within_compare(sel_BGCPK).reshape(b, g, t, k), total_BGN
 
 
-def _tile_ranks_of_bgtk(sel_BTGK, n, **kwargs):
+def _tile_kernel_ranks(sel_BTGK, n, **kwargs):
   """kv_layout.tile_read_ranks on the gate's own [B, T, G, K] selection (main passes it so)."""
   return kv_layout.tile_read_ranks(sel_BTGK, n, interpret=jax.default_backend() != "gpu",
                                    **kwargs)
@@ -194,7 +194,7 @@ def main():
       for warps in (2, 4, 8):
         if k_max <= kv_layout.TILE_RANK_MAX_SLOTS and tile * warps <= 512:
           variants[f"tile kernel, {tile} tokens, {warps} warps"] = functools.partial(
-              _tile_ranks_of_bgtk, block_size=args.block, tile=tile, num_warps=warps)
+              _tile_kernel_ranks, block_size=args.block, tile=tile, num_warps=warps)
     if args.only:
       variants = {name: fn for name, fn in variants.items()
                   if any(part in name for part in args.only)}

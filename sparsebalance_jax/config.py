@@ -268,8 +268,13 @@ def validate(cfg: Config, device_count: int | None = None) -> None:
              f"unknown MoBA kernel set {a.moba_backend!r}; choose one of "
              f"{MOBA_BACKENDS}")
     if a.implementation == "moba":
-        _require(m.head_dim >= 16 and m.head_dim & (m.head_dim - 1) == 0, "model.head_dim",
-                 f"{m.head_dim}: MoBA's kernels take a power of two >= 16")
+        # The kernels' own rule, imported only when they are chosen.
+        from pallas_kernels.moba.gating import check_head_dim
+        try:
+            check_head_dim(m.head_dim)
+        except ValueError as e:
+            raise ConfigError(f"model.head_dim: {m.head_dim} with attention.implementation="
+                              f"'moba': {e}") from None
     if a.implementation == "moba" and a.moba_backend == "mosaic":
         # The kernels' own argument check, imported only when they are chosen.
         from pallas_kernels.moba import MobaBlockSizes, hopper

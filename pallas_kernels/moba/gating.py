@@ -248,10 +248,16 @@ def validate_shapes(q_BTHD, k_BTKD, v_BTKD, segment_ids_BT, budget_B, *, block_s
   for name, x in (("q_BTHD", q_BTHD), ("k_BTKD", k_BTKD), ("v_BTKD", v_BTKD)):
     if x is not None and x.dtype not in (jnp.bfloat16, jnp.float32):
       raise ValueError(f"{name} dtype must be bfloat16 or float32, got {x.dtype}")
+  check_head_dim(d)
+  check_segments(segment_ids_BT)
+
+
+def check_head_dim(d: int) -> None:
+  """The head widths the kernels take: a power of two >= 16 (their tiles; Triton's dot takes
+  no other widths)."""
   if d < 16 or d & (d - 1):
     raise ValueError(f"q_BTHD head_dim D={d} must be a power of two >= 16 (the kernels' tiles; "
                      "Triton's dot takes no other widths)")
-  check_segments(segment_ids_BT)
 
 
 def check_budget(budget_B: jax.Array, *, k_max: int) -> jax.Array:
@@ -271,9 +277,9 @@ def check_budget(budget_B: jax.Array, *, k_max: int) -> jax.Array:
 def check_segments(segment_ids_BT: jax.Array) -> None:
   """The segment-id rule (package docstring: 0 = padding, documents > 0, between two tokens of
   a document only its tokens or padding), checked where segment_ids_BT is concrete: a
-  violation raises ValueError
-  naming the row. Traced ids are the caller's contract (the gate's per-document keys assume
-  it and would silently differ); the project's packer writes ids 1, 2, ... in row order."""
+  violation raises ValueError naming the row. Traced ids are the caller's contract (the gate's
+  per-document keys assume it and would silently differ); the project's packer writes ids
+  1, 2, ... in row order."""
   if isinstance(segment_ids_BT, jax.core.Tracer):
     return
   ids_BT = np.asarray(segment_ids_BT)

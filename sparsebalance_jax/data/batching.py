@@ -460,10 +460,10 @@ class _BatcherIterator(grain.DatasetIterator):
         self._read_window()
         # The same settings over the same documents give the same window: a window read back
         # otherwise (another source, another tokenizer) would skip steps of another plan. (A
-        # state saved before the first window was read has none to compare.)
+        # state saved before the first window was read, or before the window's size was saved,
+        # has none to compare: (0, 0).)
         docs = len(self._docs or ())
         steps = self._plan.num_steps if self._plan is not None else 0
-        # (States from before the window's size was saved have none: nothing to compare.)
         saved_window = (int(state.get("window_docs", 0)), int(state.get("window_steps", 0)))
         if saved_window != (0, 0) and (docs, steps) != saved_window or emitted > steps:
             raise BatcherStateError(

@@ -17,7 +17,6 @@ instead of quietly falling back to bytes.
 from __future__ import annotations
 
 import codecs
-
 import dataclasses
 from typing import Protocol
 

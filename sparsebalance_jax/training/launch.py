@@ -55,7 +55,6 @@ def data_spec(cfg: Config):
 def latency_model(cfg: Config):
     """The cost model the batcher and the tuner price work with (see balance/latency.py)."""
     from sparsebalance_jax.balance import latency
-
     from sparsebalance_jax.balance.tuner import budget_bounds
 
     shape = latency.LayerShape.from_configs(cfg.model, cfg.attention)

@@ -24,8 +24,7 @@ class MetricsLogger:
         os.makedirs(workdir, exist_ok=True)
         self._writer = SummaryWriter(os.path.join(workdir, "tensorboard"), purge_step=start + 1)
         path = os.path.join(workdir, "metrics.jsonl")
-        _drop_partial_line(path)
-        _drop_steps_after(path, start)
+        _keep_records_through(path, start)
         self._jsonl = open(path, "a", buffering=1)
 
     def write(self, step: int, scalars: dict[str, float], *, tensorboard: bool = True) -> None:
@@ -44,34 +43,26 @@ class MetricsLogger:
         self._jsonl.close()
 
 
-def _drop_partial_line(path: str) -> None:
-    """A log cut off mid-line (a kill or a full disk during a write) loses that last, partial
-    line before a resumed run appends: otherwise the next record would be glued onto it."""
-    if not os.path.exists(path):
-        return
-    with open(path, "rb+") as f:
-        data = f.read()
-        if data and not data.endswith(b"\n"):
-            f.truncate(data.rfind(b"\n") + 1)
-
-
-def _drop_steps_after(path: str, start: int) -> None:
-    """Rewrites the log without the records of steps after `start` (whole or not at all);
-    lines that are not records stay, for read_metrics to name."""
+def _keep_records_through(path: str, start: int) -> None:
+    """Rewrites the log (whole or not at all) without a line cut off at its end (a kill or a
+    full disk mid-write: the next record would be glued onto it) and without the records of
+    steps after `start`; other lines that are not records stay, for read_metrics to name."""
     if not os.path.exists(path):
         return
     with open(path) as f:
         lines = f.readlines()
 
-    def later(line: str) -> bool:
-        try:
-            return json.loads(line)["step"] > start
-        except (ValueError, KeyError, TypeError):
+    def kept(line: str) -> bool:
+        if not line.endswith("\n"):
             return False
+        try:
+            return json.loads(line)["step"] <= start
+        except (ValueError, KeyError, TypeError):
+            return True
 
-    kept = [line for line in lines if not later(line)]
-    if len(kept) < len(lines):
-        write_text(path, "".join(kept))
+    keep = [line for line in lines if kept(line)]
+    if len(keep) < len(lines):
+        write_text(path, "".join(keep))
 
 
 def read_metrics(workdir: str) -> dict[int, dict]:
