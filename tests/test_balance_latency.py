@@ -367,3 +367,36 @@ def test_a_table_that_cannot_price_the_run_stops_it_at_launch(tmp_path):
         launch.latency_model(cfg)
     raw.data.max_doc_len = 256  # within the table: it prices every budget
     assert launch.latency_model(from_config_dict(raw, device_count=2)).block_size == 64
+
+
+def test_ema_blends_with_weight_one_minus_decay():
+    """The EMA keeps `decay` of the old ratio and error and takes 1 - decay of the new one; an
+    asymmetric decay tells the two weights apart (0.5 cannot)."""
+    ema = latency.EmaCorrection(1, decay=0.75)
+    one = np.ones(1)
+    ema.update(np.array([2.0]), one)  # first: set outright
+    ema.update(np.array([1.0]), one)  # ratio 0.75 * 2 + 0.25 * 1; miss |1 / 2 - 1|
+    np.testing.assert_allclose(ema.ratio_S, [1.75], rtol=1e-12)
+    np.testing.assert_allclose(ema.error_S, [0.5], rtol=1e-12)
+    ema.update(np.array([3.5]), one)  # miss |3.5 / 1.75 - 1| = 1
+    np.testing.assert_allclose(ema.ratio_S, [0.75 * 1.75 + 0.25 * 3.5], rtol=1e-12)
+    np.testing.assert_allclose(ema.error_S, [0.75 * 0.5 + 0.25 * 1.0], rtol=1e-12)
+
+
+def test_profiled_fingerprint_follows_every_table_number():
+    """A batcher's saved state refuses a half-planned window under another cost model by its
+    fingerprint, so a table differing in any one measured number must fingerprint apart, and
+    the same numbers (a table read back) alike."""
+    table = _table(np.random.default_rng())
+    base = latency.ProfiledLatencyModel(table).fingerprint()
+    again = latency.LatencyTable.from_json_dict(json.loads(json.dumps(table.to_json_dict())))
+    assert latency.ProfiledLatencyModel(again).fingerprint() == base
+    seconds = [list(row) for row in table.seconds_LK]
+    seconds[1][2] *= 1.01
+    pads = list(table.pad_seconds_L)
+    pads[0] *= 1.01
+    variants = [dataclasses.replace(table, seconds_LK=tuple(map(tuple, seconds))),
+                dataclasses.replace(table, pad_seconds_L=tuple(pads)),
+                dataclasses.replace(table, device_kind="other")]
+    prints = {latency.ProfiledLatencyModel(t).fingerprint() for t in variants}
+    assert len(prints) == 3 and base not in prints

@@ -505,3 +505,25 @@ def test_dst_balancer_restores_a_tuner_of_another_shard_count_afresh(capsys):
     again = balancer(2)
     again.set_state(state)
     assert again.get_state() == state
+
+
+def test_coverage_exactly_at_the_floor_meets_it():
+    """Rule 3: the smallest budget whose coverage *reaches* the floor - equal counts."""
+    load = np.array([3.0, 1.0, 1.0, 1.0])
+    table, fn = _table(load)
+    coverage_SK = np.ones((4, BUCKETS[-1]))
+    coverage_SK[0] = np.where(np.arange(1, BUCKETS[-1] + 1) >= 16, 0.9, 0.5)
+    floored = tuner.decide(table[:, BASE], BASE, coverage_SK, fn, _config(coverage_floor=0.9))
+    assert floored[0] == 16  # free, it would drop to 14 (test_coverage_floor_stops_decreases_only)
+
+
+def test_tuner_history_records_imbalance_before_then_after():
+    load = np.random.default_rng().uniform(0.5, 2.0, size=6)
+    table, _ = _table(load)
+    t = tuner.Tuner(_config(), num_units=6, history=4)
+    d = t.decide(BASE, table)
+    before, after = d.predicted_before_S, d.predicted_after_S
+    np.testing.assert_allclose(t.history_imbalance_H2[0],
+                               [before.max() / before.mean(), after.max() / after.mean()])
+    assert not np.isclose(*t.history_imbalance_H2[0])  # budgets moved: the two differ
+    np.testing.assert_array_equal(t.history_budgets_HS[0], d.budgets_S)

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sparsebalance_jax.balance.latency import AnalyticLatencyModel, LayerShape
+from sparsebalance_jax.balance.latency import AnalyticLatencyModel, LatencyModel, LayerShape
 from sparsebalance_jax.data import batching
 
 ALIGN = 16
@@ -120,6 +120,9 @@ def test_resume_under_other_settings_goes_on_from_the_next_window(name):
         rest = list(resumed)
         assert rest and all(s["segment_ids"].any() for s in rest)
         assert _tokens_per_doc(first + rest) == {i + 1: n for i, n in enumerate(lengths)}
+        # doc_ids count from the stream's start across the resume too.
+        ids = np.concatenate([s["doc_ids"].ravel() for s in first + rest])
+        assert np.array_equal(np.sort(ids[ids >= 0]), np.arange(len(lengths)))
     it = iter(old)
     next(it)
     mid = json.loads(json.dumps(it.get_state()))
@@ -185,3 +188,186 @@ def test_sab_balances_predicted_latency_better_than_random():
                  for name in batching.BATCHERS}
     assert imbalance["sab"] < 1.10 < imbalance["random"]
     assert imbalance["sab"] <= imbalance["lbb"]
+
+
+class _PerToken(LatencyModel):
+    """A test double: a document costs `seconds_per_token` a token plus `extra` of its length
+    (a dict), padding `pad` a token, no fixed part; budget-blind."""
+
+    block_size = ALIGN
+
+    def __init__(self, pad: float = 0.0, extra: dict | None = None, seconds_per_token=1.0):
+        self.pad_seconds_per_token, self.extra, self.per = pad, extra or {}, seconds_per_token
+
+    def doc_seconds(self, lengths_N, budget):
+        lengths_N = np.asarray(lengths_N)
+        extra = np.array([self.extra.get(int(n), 0.0) for n in lengths_N.ravel()])
+        return lengths_N * self.per + extra.reshape(lengths_N.shape)
+
+    def fingerprint(self) -> str:
+        return "per-token"
+
+
+def _bin_costs(plan, lengths, geometry, cost_N):
+    """Cost float64 [steps, S, M] of every bin of a plan: its documents' costs summed."""
+    S, M = geometry.num_shards, geometry.micro_batches
+    cost_TSM = np.zeros((plan.num_steps, S, M))
+    np.add.at(cost_TSM, (plan.step_N, plan.shard_N, plan.micro_N), cost_N)
+    return cost_TSM
+
+
+def test_sab_shards_get_bins_by_lpt_on_the_net_predicted_cost():
+    """SAB's steps: bins sorted by predicted cost (net of the padding a document replaces) and
+    cut into steps; inside a step, the most expensive bin first to the cheapest shard with a
+    free micro-batch slot. Written out here per step, with M > 1 (with M = 1 every order
+    gives each shard one bin), on an attention-heavy model whose cost is far from the token
+    count, with padding priced."""
+    rng = np.random.default_rng()
+    geometry = batching.StepGeometry(num_shards=4, micro_batches=4, rows_per_micro_batch=1,
+                                     row_len=1024, align=ALIGN)
+    cost = AnalyticLatencyModel(COST.shape, attention_flops_per_s=2e11)
+    S, M = 4, 4
+    for _ in range(6):
+        lengths = np.clip(rng.lognormal(np.log(200), 0.9, size=150), 16, 1024).astype(np.int64)
+        plan = batching.plan_window("sab", lengths, geometry, cost, 8,
+                                    np.random.default_rng(int(rng.integers(2**31))))
+        cost_N = cost.doc_seconds(lengths, 8) - lengths * cost.pad_seconds_per_token
+        cost_TSM = _bin_costs(plan, lengths, geometry, cost_N)
+        for t in range(plan.num_steps - 1):  # similar costs share a step: no interleaving
+            a, b = cost_TSM[t], cost_TSM[t + 1]
+            assert a.min() >= b.max() * (1 - 1e-9) or b.min() >= a.max() * (1 - 1e-9)
+        for t in range(plan.num_steps):
+            load, used = np.zeros(S), np.zeros(S, np.int64)
+            for c in sorted(cost_TSM[t].ravel(), reverse=True):
+                free = np.flatnonzero(used < M)
+                s = free[np.argmin(load[free])]
+                load[s] += c
+                used[s] += 1
+            np.testing.assert_allclose(np.sort(cost_TSM[t].sum(axis=1)), np.sort(load),
+                                       rtol=1e-9, err_msg=f"step {t}")
+
+
+def test_sab_local_search_swaps_out_of_the_costliest_bin():
+    # Costs 3, 3, 2, 2, 2 on two shards: LPT alone ends 7 / 5 ({3, 2, 2} / {3, 2}); swapping
+    # a 3 out of the costliest bin for a 2 balances them, 6 / 6.
+    geometry = batching.StepGeometry(num_shards=2, micro_batches=1, rows_per_micro_batch=1,
+                                     row_len=256, align=ALIGN)
+    lengths = np.random.default_rng().permutation([48, 48, 32, 32, 32])
+    model = _PerToken()
+    plan = batching.plan_window("sab", lengths, geometry, model, 1, np.random.default_rng())
+    seconds_TS = batching.predicted_step_seconds(plan, lengths, geometry, model, 1)
+    np.testing.assert_array_equal(seconds_TS, [[96.0, 96.0]])
+
+
+def test_sab_prices_a_document_net_of_the_padding_it_replaces():
+    """Every bin pays its free tokens as padding, so what a document adds to its bin is its
+    cost less that of the padding it displaces. Here the 64-token document costs just what its
+    padding would (it adds nothing) and each 16-token one adds 10: the best split is 20 / 10;
+    balancing the documents' gross costs (64 against 26 each) gives 0 / 30."""
+    geometry = batching.StepGeometry(num_shards=2, micro_batches=1, rows_per_micro_batch=1,
+                                     row_len=256, align=ALIGN)
+    model = _PerToken(pad=1.0, extra={16: 10.0})
+    lengths = np.random.default_rng().permutation([64, 16, 16, 16])
+    plan = batching.plan_window("sab", lengths, geometry, model, 1, np.random.default_rng())
+    seconds_TS = batching.predicted_step_seconds(plan, lengths, geometry, model, 1)
+    np.testing.assert_array_equal(np.sort(seconds_TS[0]), [256.0 + 10, 256.0 + 20])
+
+
+def test_lbb_puts_the_longest_document_first_into_the_bin_with_fewest_tokens():
+    """The baseline as the module docstring states it: documents longest first, each to the bin
+    with the fewest tokens that can take it (lowest index on ties; equal lengths are
+    interchangeable, so the bins' length multisets are what is compared)."""
+    rng = np.random.default_rng()
+    geometry = batching.StepGeometry(num_shards=2, micro_batches=2, rows_per_micro_batch=1,
+                                     row_len=512, align=ALIGN)
+    cost = AnalyticLatencyModel(COST.shape, attention_flops_per_s=2e11)
+    for _ in range(8):
+        lengths = rng.integers(1, 300, size=int(rng.integers(30, 80)))
+        plan = batching.plan_window("lbb", lengths, geometry, cost, 4,
+                                    np.random.default_rng(int(rng.integers(2**31))))
+        num_bins = plan.num_steps * geometry.bins_per_step
+        aligned = -(-lengths // ALIGN) * ALIGN
+        tokens, want = np.zeros(num_bins, np.int64), [[] for _ in range(num_bins)]
+        for d in np.argsort(-lengths, kind="stable"):
+            b = next(b for b in np.argsort(tokens, kind="stable")
+                     if tokens[b] + aligned[d] <= geometry.bin_tokens)
+            tokens[b] += aligned[d]
+            want[b].append(int(lengths[d]))
+        got = {}
+        for d, key in enumerate(zip(plan.step_N, plan.shard_N, plan.micro_N)):
+            got.setdefault(key, []).append(int(lengths[d]))
+        got_bins = sorted(tuple(sorted(v)) for v in got.values())
+        assert got_bins == sorted(tuple(sorted(v)) for v in want if v)
+
+
+def test_a_document_that_exactly_fills_the_window_joins_it():
+    # fill 1, one bin of 64 tokens per step, window 1: 32 + 32 fills the target exactly.
+    geometry = batching.StepGeometry(num_shards=1, micro_batches=1, rows_per_micro_batch=1,
+                                     row_len=64, align=ALIGN)
+    windows = batching.split_windows(np.array([20, 32, 16, 64]), geometry, 1, fill=1.0)
+    assert [w.tolist() for w in windows] == [[0, 1], [2], [3]]
+
+
+@pytest.mark.parametrize("name", batching.BATCHERS)
+def test_a_window_plans_ceil_of_its_tokens_over_a_steps_capacity(name):
+    """n_steps = ceil(tokens / (S*M*R*T * fill)): documents of one block each always fit, so
+    no step is added, and none taken away (fill's slack is kept)."""
+    geometry = batching.StepGeometry(num_shards=2, micro_batches=2, rows_per_micro_batch=2,
+                                     row_len=64, align=ALIGN)
+    rng = np.random.default_rng()
+    for n in rng.integers(1, 120, size=10):
+        lengths = rng.integers(1, ALIGN + 1, size=int(n))
+        plan = batching.plan_window(name, lengths, geometry, COST, 2, rng)
+        assert plan.num_steps == int(np.ceil(ALIGN * n / (4 * 128 * batching.DEFAULT_FILL))), n
+
+
+def test_predicted_seconds_price_every_bin_with_its_padding():
+    """A step's predicted_seconds [S, M] is the cost model's micro-batch prediction, padding
+    included (module docstring); predicted_step_seconds sums them per shard."""
+    rng = np.random.default_rng()
+    lengths = rng.integers(1, 64, size=90)
+    ds = _batcher(lengths, "sab", window=3)
+    for step in ds:
+        want = COST.predict_batch(step["doc_lengths"].reshape(4, -1), 2, padded_tokens=128)
+        np.testing.assert_allclose(step["predicted_seconds"].ravel(), want, rtol=1e-6)
+    geometry = batching.StepGeometry(num_shards=2, micro_batches=2, rows_per_micro_batch=2,
+                                     row_len=64, align=ALIGN)
+    plan = batching.plan_window("lbb", lengths, geometry, COST, 2, rng)
+    got_TS = batching.predicted_step_seconds(plan, lengths, geometry, COST, 2)
+    for t in range(plan.num_steps):
+        for s in range(2):
+            want = sum(COST.predict(lengths[(plan.step_N == t) & (plan.shard_N == s)
+                                            & (plan.micro_N == m)], 2, padded_tokens=128)
+                       for m in range(2))
+            assert got_TS[t, s] == pytest.approx(want, rel=1e-12)
+
+
+def test_sab_never_overfills_a_bin_even_when_cost_ignores_length():
+    """SAB's moves and swaps keep both bins within capacity: with costs unrelated to length
+    (a cheaper document may be longer) a swap must check the costly bin too."""
+    rng = np.random.default_rng()
+    geometry = batching.StepGeometry(num_shards=2, micro_batches=2, rows_per_micro_batch=1,
+                                     row_len=64, align=ALIGN)
+    for _ in range(150):
+        model = _PerToken(extra={n: float(rng.uniform(0, 100)) for n in range(1, 65)},
+                          seconds_per_token=0.0)
+        lengths = rng.integers(1, 65, size=int(rng.integers(4, 30)))
+        plan = batching.plan_window("sab", lengths, geometry, model, 1, rng)
+        tokens_TSM = np.zeros((plan.num_steps, 2, 2))
+        np.add.at(tokens_TSM, (plan.step_N, plan.shard_N, plan.micro_N),
+                  -(-lengths // ALIGN) * ALIGN)
+        assert tokens_TSM.max() <= geometry.bin_tokens, lengths.tolist()
+
+
+def test_random_deals_documents_round_robin():
+    """random: documents dealt round-robin to the bins (a full bin skipped), so when none fills
+    up every bin holds the same number of documents, give or take one."""
+    rng = np.random.default_rng()
+    geometry = batching.StepGeometry(num_shards=2, micro_batches=2, rows_per_micro_batch=2,
+                                     row_len=64, align=ALIGN)
+    for n in rng.integers(2, 40, size=5):
+        lengths = rng.integers(1, ALIGN + 1, size=int(n))  # one block each: 8 fit any bin
+        plan = batching.plan_window("random", lengths, geometry, COST, 2, rng)
+        count_TSM = np.zeros((plan.num_steps, 2, 2), np.int64)
+        np.add.at(count_TSM, (plan.step_N, plan.shard_N, plan.micro_N), 1)
+        assert count_TSM.max() - count_TSM.min() <= 1, count_TSM

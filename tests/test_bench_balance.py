@@ -11,10 +11,13 @@ import os
 import subprocess
 import sys
 
+import grain
 import numpy as np
 import pytest
 
 from sparsebalance_jax.balance import simulate, tuner
+from sparsebalance_jax.balance.latency import AnalyticLatencyModel, LayerShape
+from sparsebalance_jax.data import batching
 from tests.cpu_flags import xla_flags
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -242,3 +245,52 @@ def test_recount_command_prints_the_dst_rows_of_a_stored_run():
     for line, (w, m) in zip(lines[2:], rows):
         # The baseline is unchanged and a DST row's steps only grow: its speedup can only fall.
         assert float(line.split(" | ")[3]) <= round(stored[w]["rows"][m]["summary"]["speedup"], 3)
+
+
+def test_allreduce_is_a_ring_all_reduce_of_the_gradients():
+    # 2 (N - 1) / N x bytes / bandwidth: 4 ranks, 8 GB at 400 GB/s -> 1.5 x 20 ms.
+    assert simulate.allreduce_seconds(8e9, 4, 400e9) == pytest.approx(0.03, rel=1e-12)
+    assert simulate.allreduce_seconds(8e9, 2, 400e9) == pytest.approx(0.02, rel=1e-12)
+    assert simulate.allreduce_seconds(8e9, 1, 400e9) == 0.0
+
+
+def test_the_ema_learns_from_the_prediction_at_the_budgets_that_ran():
+    """run_method feeds the tuner each shard's measured time against the uncorrected
+    prediction at the budget the shard ran, not at the base: with a device exactly 3x the
+    latency model at every budget, the corrected predictions are exact from the second step
+    on, budgets moved or not."""
+    model = AnalyticLatencyModel(LayerShape(64, 4, 2, 16, 128, 16), attention_flops_per_s=2e11)
+    config = tuner.TunerConfig(anchor="mean", p=0.3, coverage_floor=0.0, buckets=(8, 12),
+                               raise_within_bucket=False)
+    setup = simulate.BenchSetup(num_shards=4, micro_batches=1, rows_per_micro_batch=1,
+                                row_len=1024, steps=4, base_budget=8, tuner=config,
+                                ema_decay=0.5, repeats=1, bus_bytes_per_s=1e9, seed=0)
+    rng = np.random.default_rng()
+    lengths = np.clip(rng.lognormal(np.log(300), 0.9, size=60), 16, 1024).astype(int)
+    docs = [{"inputs": np.ones(n, np.int32), "targets": np.ones(n, np.int32),
+             "loss_mask": np.ones(n, np.float32)} for n in lengths]
+    batches = list(batching.make_batcher(
+        "random", grain.MapDataset.source(docs).to_iter_dataset(), num_shards=4,
+        micro_batches=1, rows_per_micro_batch=1, row_len=1024, align=16, base_budget=8,
+        window=100, cost_model=model, seed=int(rng.integers(1000))))
+
+    class Runner:
+        def decision_coverage(self, batch, repeats):
+            return np.ones((4, 8)), 0.0
+
+        def shard_coverage(self, batch, use):
+            return np.ones((4, 12))
+
+        def measure_step(self, batch, budgets_S, bucket, setup, used):
+            seconds_S = np.array([model.predict(batch["doc_lengths"][s, 0], int(budgets_S[s]),
+                                                padded_tokens=1024) for s in range(4)])
+            return dict(measured_SM=(3 * seconds_S)[:, None].tolist(),
+                        measured_S=(3 * seconds_S).tolist(), step_seconds=3 * seconds_S.max())
+
+    out = simulate.run_method(simulate.Method("+DST", "random", True), batches, setup, Runner(),
+                              model, log=lambda _: None)
+    steps = out["steps"]
+    assert any(b != 8 for r in steps[:-1] for b in r["budgets_S"])  # the tuner moved budgets
+    for r in steps[1:]:
+        np.testing.assert_allclose(r["predicted_after_S"], r["measured_S"], rtol=1e-9)
+    assert out["summary"]["prediction_error"] == pytest.approx(0.0, abs=1e-9)
