@@ -2,14 +2,15 @@
 packing, edge cases, poisoned outputs, no recompilation; GPU-marked checks for H200."""
 
 import dataclasses
+import re
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pallas_kernels.moba import (MobaBlockSizes, build_kv_layout, kernels, moba_attention,
-                                 moba_gate, moba_reference)
+from pallas_kernels.moba import (MobaBlockSizes, attention, build_kv_layout, kernels,
+                                 moba_attention, moba_gate, moba_reference)
 from tests.test_moba_gate import packed_segments
 
 # Relative L2 error bounds, fixed per dtype (bf16: operands rounded to 8 bits): over the whole
@@ -360,3 +361,54 @@ def test_merge_partials_reads_used_slots_only(hq, hkv, k_max, budget):
   np.testing.assert_allclose(np.asarray(out_lse), want[1], rtol=1e-5, atol=1e-5)
   np.testing.assert_allclose(np.asarray(dq), want[2], rtol=1e-5, atol=1e-5)
   assert np.isnan(np.asarray(out)[1]).all()  # budget out of range: NaN, whatever it read
+
+
+@pytest.mark.parametrize("which", ["k", "v"])
+def test_mixed_dtypes_are_an_error(which):
+  """q, k and v must share a dtype (bf16 or float32): a k or v of the other raises ValueError
+  naming the arguments, before any kernel runs."""
+  rng = np.random.default_rng()
+  q, k, v, _ = make_inputs(rng, 1, 64, 2, 2, 16, jnp.float32)
+  k, v = (k.astype(jnp.bfloat16), v) if which == "k" else (k, v.astype(jnp.bfloat16))
+  seg = jnp.ones((1, 64), jnp.int32)
+  with pytest.raises(ValueError, match="q_BTHD, k_BTKD, v_BTKD must share a dtype"):
+    moba_attention(q, k, v, seg, jnp.asarray([2]), block_size=16, k_max=2, interpret=True)
+
+
+def test_slot_merge_kernel_runs_from_its_k_max():
+  """attention._merge's routing, which test_large_k_max_merges_by_the_slot_kernel's values
+  cannot show: from _SLOT_MERGE_MIN_K_MAX the forward and dq merges are merge_partials'
+  kernels (moba_merge, moba_merge_dq), below it neither runs (XLA's gather). Traced only."""
+  k_max = attention._SLOT_MERGE_MIN_K_MAX
+  t, block_size = 16 * k_max, 16
+  q = jnp.zeros((1, t, 2, 16), jnp.float32)
+  k = jnp.zeros((1, t, 1, 16), jnp.float32)
+  seg = jnp.ones((1, t), jnp.int32)
+
+  def merges(k_max):
+    step = jax.grad(lambda q: jnp.sum(moba_attention(
+        q, k, k, seg, jnp.asarray([2]), block_size=block_size, k_max=k_max, block_sizes=SMALL,
+        interpret=True)))
+    text = str(jax.make_jaxpr(step)(q))
+    return [name for name in ("moba_merge_dq", "moba_merge")
+            if re.search(rf"name={name}\b", text)]
+
+  assert merges(k_max) == ["moba_merge_dq", "moba_merge"]
+  assert merges(k_max - 1) == []
+
+
+def test_padding_inside_a_document_with_mask_skipping():
+  """Padding inside a document (the segment rule allows it) leaves a block of the document's
+  keys and padding (block 2: 8 + 8); later tokens of the document choose it. With mask
+  skipping such a chunk must not be marked full: its padding keys are never attended. Values
+  and gradients against the reference, f32."""
+  rng = np.random.default_rng()
+  t, block_size, k_max = 128, 16, 8
+  q, k, v, do = make_inputs(rng, 2, t, 4, 2, 16, jnp.float32)
+  seg = jnp.asarray([[1] * 40 + [0] * 8 + [1] * 80, [2] * 24 + [0] * 8 + [1] * 96], jnp.int32)
+  budget = jnp.asarray([k_max, k_max], jnp.int32)  # every eligible block chosen
+  bs = dataclasses.replace(SMALL, skip_full_masks=True)
+  sel = moba_gate(q, k, seg, budget, block_size=block_size, k_max=k_max)
+  assert (np.asarray(sel.selected_BTGK)[0, 48:, :, 1:] == 2).any(-1).all()  # block 2 is read
+  got, want = run_both(q, k, v, do, seg, budget, block_size, k_max, bs=bs)
+  assert_close(got, want, jnp.float32)
