@@ -371,3 +371,13 @@ def test_random_deals_documents_round_robin():
         count_TSM = np.zeros((plan.num_steps, 2, 2), np.int64)
         np.add.at(count_TSM, (plan.step_N, plan.shard_N, plan.micro_N), 1)
         assert count_TSM.max() - count_TSM.min() <= 1, count_TSM
+
+
+def test_a_batcher_that_places_nothing_is_an_error_not_a_hang(monkeypatch):
+    """plan_window adds steps until the documents fit; a bin per document always does, so past
+    that it raises instead of looping for ever (a bin that refuses everything here)."""
+    geometry = batching.StepGeometry(num_shards=2, micro_batches=1, rows_per_micro_batch=1,
+                                     row_len=64, align=ALIGN)
+    monkeypatch.setattr(batching._Bins, "fits", lambda self, b, add, remove=(): False)
+    with pytest.raises(RuntimeError, match="5 documents in no plan of up to 3 steps"):
+        batching.plan_window("sab", np.full(5, 16), geometry, COST, 1, np.random.default_rng())

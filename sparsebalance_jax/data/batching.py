@@ -278,12 +278,15 @@ def plan_window(method: str, lengths_N: np.ndarray, geometry: StepGeometry,
               - lengths_N * cost_model.pad_seconds_per_token)
     aligned_tokens = int((-(-lengths_N // geometry.align) * geometry.align).sum())
     num_steps = max(1, math.ceil(aligned_tokens / step_capacity_tokens(geometry, fill) - 1e-9))
-    while True:
-        bins = _assign_bins(method, num_steps * geometry.bins_per_step, geometry, lengths_N,
-                            cost_N, rng)
-        if bins is not None:
-            break
+    # Every document fits a row, so a bin each always suffices: past that, a failure to place
+    # them is the batcher's fault, an error rather than an endless loop.
+    most_steps = max(num_steps, -(-len(lengths_N) // geometry.bins_per_step))
+    while (bins := _assign_bins(method, num_steps * geometry.bins_per_step, geometry,
+                                lengths_N, cost_N, rng)) is None:
         num_steps += 1
+        if num_steps > most_steps:
+            raise RuntimeError(f"batcher {method!r} placed {len(lengths_N)} documents in no "
+                               f"plan of up to {most_steps} steps (a bin each fits them)")
     where = _arrange_steps(method, bins, num_steps, geometry, rng)
     bin_N = np.empty(len(lengths_N), dtype=np.int64)
     for b, docs in enumerate(bins.docs):
