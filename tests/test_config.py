@@ -41,6 +41,13 @@ def test_presets_are_valid():
     (dict(optimizer__warmup_steps=-1), "optimizer.warmup_steps"),
     (dict(train__log_every=0), "train.log_every"),
     (dict(attention__layer_budget_scale=(1.0, 1.0, 1.0, 1.5)), "attention.layer_budget_scale"),
+    # With DST off (the preset's DST refuses any scales, naming the same field): a scale per
+    # layer, and no layer's scaled budget past the largest bucket (3 x 3.0 = 9 > 8).
+    (dict(balance__dst=False, attention__layer_budget_scale=(1.0, 1.0)),
+     "attention.layer_budget_scale"),
+    (dict(balance__dst=False, attention__layer_budget_scale=(1.0, 1.0, 1.0, 3.0)),
+     "attention.layer_budget_scale"),
+    (dict(data__max_doc_len=2048), "data.max_doc_len"),  # past data.seq_len (1024)
     (dict(balance__dst=True, attention__implementation="reference"), "balance.dst"),
     (dict(model__num_layers=0), "model.num_layers"),
     (dict(model__num_kv_heads=0), "model.num_kv_heads"),
@@ -158,3 +165,13 @@ def test_max_layer_budget_rounds_as_the_model_does():
         model_B = jnp.maximum(jnp.round(budgets * jnp.float32(scale)), 1).astype(jnp.int32)
         assert [max_layer_budget(int(b), (1.0, float(scale))) for b in budgets] == [
             max(int(m), int(b)) for m, b in zip(model_B, budgets)], scale
+
+
+def test_k_max_holds_the_largest_scaled_layer_budget():
+    """The base configuration's compiled bucket is the smallest holding budget x the largest
+    layer scale (3 x 2.0 = 6: bucket 8), not the base budget's (4)."""
+    assert from_config_dict(_raw(), device_count=2).k_max == 4
+    cfg = from_config_dict(_raw(balance__dst=False,
+                                attention__layer_budget_scale=(1.0, 0.5, 1.0, 2.0)),
+                           device_count=2)
+    assert cfg.k_max == 8

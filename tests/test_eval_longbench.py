@@ -1,7 +1,9 @@
 """LongBench loader, task table, prompts and per-bucket scoring on the fixture files."""
 
 import json
+import math
 import pathlib
+import re
 
 import pytest
 
@@ -81,6 +83,31 @@ def test_prompt_and_truncation():
     assert longbench.truncate_middle(list(range(10)), 4) == [0, 1, 8, 9]
     assert longbench.truncate_middle(list(range(10)), 5) == [0, 1, 8, 9]  # as pred.py
     assert longbench.truncate_middle([1, 2], 5) == [1, 2]
+
+
+def test_truncate_middle_keeps_at_most_max_len_from_the_two_ends():
+    for n in range(13):
+        ids = list(range(100, 100 + n))
+        for max_len in range(1, 15):
+            out = longbench.truncate_middle(ids, max_len)
+            assert len(out) <= max_len, (n, max_len)
+            half = max_len // 2
+            assert out == (ids if n <= max_len else ids[:half] + ids[n - half:]), (n, max_len)
+
+
+def test_answer_budgets_hold_longbench_answers_in_bytes():
+    """A byte-tokenizer budget is LongBench's max_new_tokens at ~4 bytes an English token and
+    ~4.5 a Chinese one (1.5 characters of 3 bytes), rounded up; the Chinese tasks are those with
+    Chinese prompts."""
+    cjk = re.compile("[\u4e00-\u9fff]")
+    assert longbench.ZH_TASKS == {t for t, spec in longbench.TASKS.items()
+                                  if cjk.search(spec.template)}
+    for task, spec in longbench.TASKS.items():
+        per_token = 1.5 * 3 if task in longbench.ZH_TASKS else 4
+        assert longbench.answer_budget(task, "bytes") == math.ceil(spec.max_new_tokens
+                                                                   * per_token), task
+    with pytest.raises(ValueError, match="'sentencepiece'"):
+        longbench.answer_budget("hotpotqa", "sentencepiece")
 
 
 def test_score_task_per_bucket():

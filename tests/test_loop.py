@@ -1,5 +1,7 @@
-"""The training loop's stops: a step whose gradients are not finite is never checkpointed."""
+"""The training loop: a step whose gradients are not finite is never checkpointed; a resumed run
+continues as an uninterrupted one."""
 
+import json
 import math
 import os
 
@@ -41,3 +43,50 @@ def test_non_finite_gradients_stop_before_their_update_is_saved(tmp_path, monkey
         launch.run(raw)
     assert len(calls) == 2 and math.isfinite(calls[1])
     assert sorted(os.listdir(tmp_path / "run" / "checkpoints")) == ["1"]
+
+
+class _Killed(Exception):
+    """Stands for a kill between a step's metrics line and its checkpoint."""
+
+
+def _short_run(workdir):
+    raw = get_config("cpu")
+    raw.mesh.data = -1
+    raw.attention.update(implementation="reference", block_size=32)
+    raw.balance.dst = False
+    raw.data.update(seq_len=256, max_doc_len=256, min_doc_len=32, length_scale=0.01,
+                    synthetic_weight=0.0)
+    raw.model.update(num_layers=1, d_model=64, mlp_dim=128)
+    raw.train.update(num_steps=3, checkpoint_every=2, workdir=str(workdir))
+    raw.optimizer.warmup_steps = 1
+    return raw
+
+
+def test_resume_restores_the_state_and_data_and_rewrites_the_later_metrics(tmp_path,
+                                                                           monkeypatch):
+    """Killed after step 3's metrics line, before its checkpoint: the rerun resumes from step
+    2's checkpoint (parameters, optimizer and data iterator), trains step 3 as an uninterrupted
+    run does, and metrics.jsonl holds one line per step."""
+    launch.run(_short_run(tmp_path / "straight"))
+    save = loop.checkpoint.save
+
+    def killed_at_3(manager, step, *args, **kwargs):
+        if step == 3:
+            raise _Killed
+        return save(manager, step, *args, **kwargs)
+
+    with monkeypatch.context() as m:
+        m.setattr(loop.checkpoint, "save", killed_at_3)
+        with pytest.raises(_Killed):
+            launch.run(_short_run(tmp_path / "killed"))
+    launch.run(_short_run(tmp_path / "killed"))
+
+    def lines(run):
+        with open(tmp_path / run / "metrics.jsonl") as f:
+            return [json.loads(line) for line in f]
+
+    straight, resumed = lines("straight"), lines("killed")
+    assert [r["step"] for r in resumed] == [1, 2, 3]
+    for want, got in zip(straight, resumed):
+        assert got["loss"] == want["loss"] and got["grad_norm"] == want["grad_norm"], got["step"]
+        assert got["trained_tokens"] == want["trained_tokens"], got["step"]

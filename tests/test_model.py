@@ -329,7 +329,8 @@ def test_unrolled_layers_lower_to_one_function():
 
 def test_layer_budget_scale_reaches_each_layer(monkeypatch):
     """attention.layer_budget_scale: each layer runs the row budgets times its own scale
-    (rounded half to even, at least 1), scanned or unrolled, with the same logits."""
+    (rounded half to even, at least 1: 1 x 0.5 rounds to 0, run as 1), scanned or unrolled,
+    with the same logits."""
     from sparsebalance_jax.model import transformer
 
     seen = []
@@ -340,8 +341,8 @@ def test_layer_budget_scale_reaches_each_layer(monkeypatch):
         return attention_op(q, k, v, seg, budget, **kwargs)
 
     monkeypatch.setattr(transformer, "attention_op", recording)
-    tokens, seg, pos = packed_inputs(np.random.default_rng(), 2, 64, [0, 32])
-    budget = jnp.asarray([4, 3], jnp.int32)
+    tokens, seg, pos = packed_inputs(np.random.default_rng(), 3, 64, [0, 32])
+    budget = jnp.asarray([4, 3, 1], jnp.int32)
     logits = {}
     for scan in (True, False):
         cfg = tiny_config("moba", scan_layers=scan)
@@ -354,5 +355,5 @@ def test_layer_budget_scale_reaches_each_layer(monkeypatch):
         seen.clear()
         logits[scan] = np.asarray(model.apply({"params": params}, tokens, seg, pos, budget))
         jax.effects_barrier()
-        assert seen == [[2, 2], [4, 3]], (scan, seen)  # 3 x 0.5 = 1.5 rounds to 2
+        assert seen == [[2, 2, 1], [4, 3, 1]], (scan, seen)  # 3 x 0.5 = 1.5 rounds to 2
     np.testing.assert_allclose(logits[True], logits[False], rtol=1e-5, atol=1e-6)
