@@ -4,10 +4,16 @@ import dataclasses
 import json
 import os
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.stages import Compiled
 
-from sparsebalance_jax.balance import latency
+from configs.longbench import get_config
+from sparsebalance_jax.balance import latency, profiling
+from sparsebalance_jax.config import AttentionConfig, ConfigError, ModelConfig, from_config_dict
+from sparsebalance_jax.training import launch
 
 TABLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                       "latency_tables")
@@ -248,7 +254,6 @@ def test_table_round_trip_and_missing_table_names_the_command(tmp_path):
 
 def _layer_configs(implementation: str, moba_backend: str):
     """A one-layer model config and an attention config (block 16), tiny enough for CPU."""
-    from sparsebalance_jax.config import AttentionConfig, ModelConfig
 
     model_cfg = ModelConfig(vocab_size=128, num_layers=1, d_model=32, num_heads=2, num_kv_heads=1,
                             head_dim=16, mlp_dim=64, rope_theta=1e4, rms_eps=1e-6,
@@ -303,7 +308,6 @@ def test_make_latency_model_rejects_unknown_kind():
 
 
 def test_profile_layer_makes_a_loadable_table(tmp_path):
-    from sparsebalance_jax.balance import profiling
 
     # The dense reference attention keeps this fast on CPU; the GPU profile uses MoBA.
     model_cfg, attention_cfg = _layer_configs("reference", "triton")
@@ -318,9 +322,7 @@ def test_profile_layer_makes_a_loadable_table(tmp_path):
 
 
 def test_profile_times_each_distinct_program_once_compiled(monkeypatch):
-    from jax.stages import Compiled
 
-    from sparsebalance_jax.balance import profiling
 
     timed = []
 
@@ -346,11 +348,7 @@ def test_a_table_that_cannot_price_the_run_stops_it_at_launch(tmp_path):
     """The launch asks the cost model for the longest document at every budget the run may
     price: a profiled table too short for it is a config error naming balance.latency_table
     (before the work directory is written), not an error at the first batch."""
-    import jax
 
-    from configs.longbench import get_config
-    from sparsebalance_jax.config import ConfigError, from_config_dict
-    from sparsebalance_jax.training import launch
 
     raw = get_config("cpu")
     raw.balance.update(latency_model="profiled", latency_table=str(tmp_path))
@@ -400,3 +398,23 @@ def test_profiled_fingerprint_follows_every_table_number():
                 dataclasses.replace(table, device_kind="other")]
     prints = {latency.ProfiledLatencyModel(t).fingerprint() for t in variants}
     assert len(prints) == 3 and base not in prints
+
+
+def test_profile_times_padding_on_padding_and_each_budget_the_kernel_runs(monkeypatch):
+    """The padding-only timing runs the step on segment ids 0 (the budget rows on one
+    document, ids 1); a budget past a length's blocks runs, and is timed at, the block count
+    (budgets 2 and 3 on a one-block length: one timing at 1; on two blocks one at 2)."""
+
+
+    timed = []
+
+    def fake_time_call(fn, params, x, segment_ids, budget, *, repeats):
+        timed.append((int(jnp.sum(segment_ids)), segment_ids.size, int(budget[0])))
+        return 1.0 + len(timed)
+
+    monkeypatch.setattr(profiling, "time_call", fake_time_call)
+    model_cfg, attention_cfg = _layer_configs("reference", "triton")
+    table = profiling.profile_layer(model_cfg, attention_cfg, (16, 32), (2, 3), repeats=1,
+                                    log=lambda _: None)
+    assert timed == [(16, 16, 1), (0, 16, 1), (32, 32, 2), (0, 32, 1)]
+    assert table.seconds_LK == ((2.0, 2.0), (4.0, 4.0)) and table.pad_seconds_L == (3.0, 5.0)

@@ -10,12 +10,13 @@ import json
 import os
 import subprocess
 import sys
+import types
 
 import grain
 import numpy as np
 import pytest
 
-from sparsebalance_jax.balance import simulate, tuner
+from sparsebalance_jax.balance import mesh_runner, report, simulate, tuner
 from sparsebalance_jax.balance.latency import AnalyticLatencyModel, LayerShape
 from sparsebalance_jax.data import batching
 from tests.cpu_flags import xla_flags
@@ -294,3 +295,117 @@ def test_the_ema_learns_from_the_prediction_at_the_budgets_that_ran():
     for r in steps[1:]:
         np.testing.assert_allclose(r["predicted_after_S"], r["measured_S"], rtol=1e-9)
     assert out["summary"]["prediction_error"] == pytest.approx(0.0, abs=1e-9)
+
+
+def test_summary_numbers_by_hand():
+    """_summarize on two hand-made steps of three shards. Imbalance: max / mean per step
+    (3 / 2 and 8 / 4), mean over steps; predicted ones alike. Prediction error from step 2
+    on, relative to the measured time: |2.5 - 2| / 2, |1.5 - 2| / 2, 0 -> 1/6. Coverage
+    weighted by each shard's tokens; tuner share of the summed step time."""
+    def record(measured, before, after, tokens, coverage, budgets, step, tuner, probe, ids):
+        return dict(measured_S=measured, predicted_before_S=before, predicted_after_S=after,
+                    tokens_S=tokens, coverage_S=coverage, budgets_S=budgets, step_seconds=step,
+                    tuner_seconds=tuner, coverage_seconds=probe, doc_ids=ids)
+    records = [record([1.0, 2.0, 3.0], [2.0, 2.0, 2.0], [9.0, 9.0, 1.0], [100, 100, 200],
+                      [0.5, 1.0, 0.8], [4, 4, 3], 3.5, 0.1, 0.05, [0, 1]),
+               record([2.0, 2.0, 8.0], [1.0, 1.0, 4.0], [2.5, 1.5, 8.0], [300, 100, 100],
+                      [0.9, 0.6, 0.3], [5, 4, 4], 8.5, 0.3, 0.1, [2, 3, 4])]
+    s = simulate._summarize(records, compiles=2, buckets=3)
+    assert s["steps"] == 2 and s["compiles"] == 2 and s["buckets"] == 3
+    assert s["imbalance"] == pytest.approx((1.5 + 2.0) / 2, rel=1e-12)
+    assert s["predicted_imbalance_before"] == pytest.approx((1.0 + 2.0) / 2, rel=1e-12)
+    assert s["predicted_imbalance_after"] == pytest.approx((9 / (19 / 3) + 8 / 4) / 2, rel=1e-12)
+    assert s["prediction_error"] == pytest.approx(1 / 6, rel=1e-12)
+    assert s["mean_step_seconds"] == pytest.approx(6.0) and s["total_seconds"] == pytest.approx(12)
+    assert s["mean_max_shard_seconds"] == pytest.approx(5.5, rel=1e-12)
+    assert s["tuner_ms"] == pytest.approx(200.0) and s["coverage_ms"] == pytest.approx(75.0)
+    assert s["tuner_pct"] == pytest.approx(100 * 0.4 / 12, rel=1e-12)
+    assert s["mean_budget"] == pytest.approx(4.0)
+    assert s["mean_coverage"] == pytest.approx(670 / 900, rel=1e-12)
+    assert s["min_shard_coverage"] == 0.3
+    assert s["documents"] == 5 == s["distinct_documents"]
+
+
+def test_a_step_reports_the_coverage_at_the_budget_each_shard_ran():
+    """run_method reads the report's coverage column k - 1 for a shard at budget k (a probe
+    whose column j reads (j + 1) / 100 gives budget / 100)."""
+    model = AnalyticLatencyModel(LayerShape(64, 4, 2, 16, 128, 16), attention_flops_per_s=2e11)
+    config = tuner.TunerConfig(anchor="mean", p=0.3, coverage_floor=0.0, buckets=(8, 12),
+                               raise_within_bucket=False)
+    setup = simulate.BenchSetup(num_shards=4, micro_batches=1, rows_per_micro_batch=1,
+                                row_len=1024, steps=3, base_budget=8, tuner=config,
+                                ema_decay=0.5, repeats=1, bus_bytes_per_s=1e9, seed=0)
+    rng = np.random.default_rng()
+    lengths = np.clip(rng.lognormal(np.log(300), 0.9, size=40), 16, 1024).astype(int)
+    docs = [{"inputs": np.ones(n, np.int32), "targets": np.ones(n, np.int32),
+             "loss_mask": np.ones(n, np.float32)} for n in lengths]
+    batches = list(batching.make_batcher(
+        "random", grain.MapDataset.source(docs).to_iter_dataset(), num_shards=4,
+        micro_batches=1, rows_per_micro_batch=1, row_len=1024, align=16, base_budget=8,
+        window=100, cost_model=model, seed=int(rng.integers(1000))))
+
+    class Runner:
+        def decision_coverage(self, batch, repeats):
+            return np.ones((4, 8)), 0.0
+
+        def shard_coverage(self, batch, use):
+            assert use == "report"
+            return np.tile(np.arange(1, 13) / 100, (4, 1))
+
+        def measure_step(self, batch, budgets_S, bucket, setup, used):
+            seconds_S = np.array([model.predict(batch["doc_lengths"][s, 0], int(budgets_S[s]),
+                                                padded_tokens=1024) for s in range(4)])
+            return dict(measured_S=seconds_S.tolist(), step_seconds=seconds_S.max())
+
+    out = simulate.run_method(simulate.Method("+DST", "random", True), batches, setup, Runner(),
+                              model, log=lambda _: None)
+    assert any(b != 8 for r in out["steps"] for b in r["budgets_S"])  # budgets moved
+    for r in out["steps"]:
+        np.testing.assert_allclose(r["coverage_S"], np.array(r["budgets_S"]) / 100, rtol=1e-12)
+
+
+def test_mesh_step_takes_each_shards_median_and_the_fused_steps(monkeypatch):
+    """MeshRunner.measure_step with its programs replaced (nothing runs): after one warm-up
+    call, three timed calls of the shard program give shard times 1, 5 / 2, 1 / 9, 3 (median
+    2 and 3) and of the fused step 0.3, 0.1, 0.8 s (median 0.3) on the host's clock; the
+    modeled step is the slowest shard plus the ring all-reduce."""
+    now = [0.0]
+    shard_runs = iter([[7.0, 7.0], [1.0, 5.0], [2.0, 1.0], [9.0, 3.0]])
+    fused_runs = iter([10.0, 0.3, 0.1, 0.8])
+
+    def fused(bucket, state, batch):
+        now[0] += next(fused_runs)
+        return None, {"loss": 1.0}, None
+
+    fused.batch_shardings, fused.layout = None, lambda batch: batch
+    runner = object.__new__(mesh_runner.MeshRunner)
+    runner.mesh = types.SimpleNamespace(shape={"data": 2})
+    runner.param_bytes, runner.params, runner.initial_state = 8e9, None, {"w": np.zeros(2)}
+    runner._timed = types.SimpleNamespace(
+        batch_shardings=None, layout=lambda batch: batch,
+        time_shards=lambda bucket, params, batch: np.array(next(shard_runs)))
+    runner._fused = fused
+    monkeypatch.setattr(mesh_runner, "global_batch", lambda shardings, batch: batch)
+    monkeypatch.setattr(mesh_runner, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
+    setup = types.SimpleNamespace(num_shards=2, repeats=3, bus_bytes_per_s=400e9)
+    batch = {"budgets": np.zeros((2, 1, 1), np.int32), "inputs": np.zeros((2, 1, 1, 4))}
+    got = runner.measure_step(batch, np.array([4, 4]), 4, setup, set())
+    np.testing.assert_allclose(got["measured_S"], [2.0, 3.0])
+    np.testing.assert_allclose(got["step_runs"], [0.3, 0.1, 0.8])
+    assert got["step_seconds"] == pytest.approx(0.3)
+    assert got["modeled_step_seconds"] == pytest.approx(3.0 + 0.02)
+
+
+def test_markdown_table_cells_follow_the_summary():
+    """balance.report's table from a hand-made summary: times in ms (the mean step, not the
+    total), ratios as given, one line per (workload, row)."""
+    s = dict(steps=3, imbalance=1.23456, mean_step_seconds=0.0825, total_seconds=0.2475,
+             speedup=1.1, tuner_ms=0.5, tuner_pct=0.61, coverage_ms=0.25, compiles=2,
+             buckets=3, mean_budget=4.5, mean_coverage=0.9, prediction_error=0.0123)
+    results = {"w": {"rows": {"baseline": {"summary": s}, "+DST": {"summary": dict(s, speedup=2)}}}}
+    lines = report.markdown_table(results).splitlines()
+    assert lines[0] == "| " + " | ".join(report.TABLE_COLUMNS) + " |"
+    assert lines[2] == ("| w | baseline | 3 | 1.235 | 82.5 | 1.100 | 0.50 (0.61%) | 0.25 | 2 / 3 "
+                        "| 4.50 | 0.900 | 0.012 |")
+    assert report.decision_table(results, ["+DST"]).splitlines()[2] == (
+        "| w | +DST | 82.5 | 2.000 | 0.50 (0.61%) | 0.25 |")

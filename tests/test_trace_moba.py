@@ -1,7 +1,10 @@
 """The trace reader of experiments/trace_moba.py on a hand-made Chrome-format trace."""
 
+import json
+
 import pytest
 
+from experiments import trace_moba
 from experiments.trace_moba import device_kernel_times, host_event_times, kernel_group, step_spans
 
 
@@ -71,3 +74,49 @@ def test_kernel_groups_from_trace_names():
            "ncclDevKernel_AllReduce_Sum_f32_RING_LL": "collectives",
            "loop_multiply_fusion_3": "xla_other", "input_reduce_fusion_8": "xla_other"}
   assert {n: kernel_group(n) for n in names} == names
+
+
+def test_step_spans_gap_runs_from_the_latest_end():
+  """A gap starts at the latest end so far, not the previous kernel's: step 1 holds a long
+  kernel (0-1000) with two short ones inside it (10-20, 900-950), step 2 starts at 1100 (a
+  100 us gap; from the short kernel's end 150, and 880 inside the long one)."""
+  gpu = [_meta(2, "/device:GPU:0"), _meta(2, "Stream #14(Compute)", tid=14),
+         _meta(2, "Stream #15(Compute)", tid=15)]
+  kernels = [(14, 0, 1000), (15, 10, 10), (15, 900, 50), (14, 1100, 10), (14, 1120, 10)]
+  trace = {"traceEvents": gpu + [_x(2, tid, "k", dur, ts) for tid, ts, dur in kernels]}
+  span, idle = step_spans(trace, reps=2)
+  assert span == pytest.approx((1000 + 30) / 2)
+  assert idle == pytest.approx((0 + 10) / 2)
+
+
+def test_main_reports_per_step_times_and_the_gating_share(tmp_path, monkeypatch):
+  """main()'s JSON from fixed traces of 4 steps (the tracing itself replaced; nothing runs):
+  the step's kernels 3 + 1 ms in all (per step 0.75 and 0.25 ms), the gating alone 0.6 ms
+  (0.15 per step): its share 0.15 of the step's kernel time; spans and host events per step."""
+  traced = iter([
+      ({"moba_fwd": (3000.0, 4), "loop_fusion": (1000.0, 8)}, {"Stream #1": 4000.0},
+       (1500.0, 200.0), [("Execute", 400.0, 4)]),
+      ({"moba_gate_topk": (400.0, 4), "sort": (200.0, 4)}, {"Stream #1": 600.0},
+       (700.0, 100.0), [("Execute", 80.0, 4)])])
+  monkeypatch.setattr(trace_moba, "traced_kernel_us", lambda fn, *args, reps: next(traced))
+  out = tmp_path / "trace.json"
+  monkeypatch.setattr("sys.argv", ["trace_moba", "--seq", "256", "--block", "64", "--k", "2",
+                                   "--heads", "tiny", "--reps", "4", "--interpret",
+                                   "--out", str(out)])
+  trace_moba.main()
+  got = json.loads(out.read_text())
+  assert got["kernel_ms_per_step"] == pytest.approx(1.0, rel=1e-12)
+  assert got["rows"] == [
+      dict(kernel="moba_fwd", ms_per_step=pytest.approx(0.75), launches_per_step=1.0,
+           share=pytest.approx(0.75)),
+      dict(kernel="loop_fusion", ms_per_step=pytest.approx(0.25), launches_per_step=2.0,
+           share=pytest.approx(0.25))]
+  assert got["gating_kernel_ms"] == pytest.approx(0.15, rel=1e-12)
+  assert got["gating_share"] == pytest.approx(0.15, rel=1e-12)
+  assert got["gating_rows"] == {"moba_gate_topk": pytest.approx(0.1), "sort": pytest.approx(0.05)}
+  assert (got["step_span_ms"], got["step_idle_ms"]) == (pytest.approx(1.5), pytest.approx(0.2))
+  assert (got["gating_span_ms"], got["gating_idle_ms"]) == (pytest.approx(0.7),
+                                                              pytest.approx(0.1))
+  assert got["host_events_ms_per_step"] == [["Execute", pytest.approx(0.1), 1.0]]
+  assert got["thread_ms_per_step"] == {"Stream #1": pytest.approx(1.0)}
+  assert (got["seq"], got["k"], got["k_max"], got["reps"]) == (256, 2, 2, 4)
