@@ -1,10 +1,18 @@
 """Invalid configurations fail at start with a message naming the field."""
 
+import dataclasses
+
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from configs.longbench import get_config
-from sparsebalance_jax.config import ConfigError, from_config_dict
+from pallas_kernels.moba.attention import BACKENDS
+from sparsebalance_jax.config import (MOBA_BACKENDS, ConfigError, check_attention_runs_here,
+                                      from_config_dict, max_layer_budget)
+from sparsebalance_jax.training import checkpoint
+from sparsebalance_jax.training.state import learning_rate_schedule
 
 
 def _raw(**changes):
@@ -77,9 +85,7 @@ def test_mesh_must_match_devices():
 def test_hopper_kernels_off_hopper_stop_the_run_naming_the_field():
     """The GPU preset's Hopper kernels validate anywhere (validate() reads the config alone);
     the launch check stops a run on a device that cannot run them, naming the field."""
-    import jax
 
-    from sparsebalance_jax.config import check_attention_runs_here
 
     cfg = from_config_dict(get_config("gpu"), device_count=1)
     assert cfg.attention.moba_backend == "mosaic"
@@ -95,9 +101,7 @@ def test_hopper_kernels_off_hopper_stop_the_run_naming_the_field():
 def test_attention_a_cpu_cannot_run_stops_the_run_naming_the_field():
     """cuDNN attention, or the Pallas kernels compiled (not interpreted), stop a CPU-only
     process at launch; a GPU process runs both."""
-    import jax
 
-    from sparsebalance_jax.config import check_attention_runs_here
 
     cases = ((dict(attention__implementation="cudnn", balance__dst=False),
               r"attention\.implementation: 'cudnn'"),
@@ -114,7 +118,6 @@ def test_attention_a_cpu_cannot_run_stops_the_run_naming_the_field():
 def test_warmup_may_outlast_the_run():
     """A short run under a longer warm-up validates, and its rate rises to the end, below
     the peak; the first update's rate is a warm-up step's, not 0."""
-    from sparsebalance_jax.training.state import learning_rate_schedule
 
     cfg = from_config_dict(_raw(train__num_steps=3, optimizer__warmup_steps=10), device_count=2)
     rates = [float(learning_rate_schedule(cfg.optimizer, 3)(i)) for i in range(3)]
@@ -124,8 +127,6 @@ def test_warmup_may_outlast_the_run():
 
 
 def test_moba_backends_are_the_kernel_registry():
-    from pallas_kernels.moba.attention import BACKENDS
-    from sparsebalance_jax.config import MOBA_BACKENDS
     assert MOBA_BACKENDS == tuple(BACKENDS)
 
 
@@ -155,9 +156,7 @@ def test_wrong_type_is_named():
 def test_max_layer_budget_rounds_as_the_model_does():
     """The bucket check and the loop's range check take the model's per-layer budget: its
     float32 round of budget x scale (a float64 product rounds 45 x 0.7 to 31, float32 to 32)."""
-    import jax.numpy as jnp
 
-    from sparsebalance_jax.config import max_layer_budget
 
     assert max_layer_budget(45, (0.7,)) == 32 and max_layer_budget(1, (0.1,)) == 1
     budgets = jnp.arange(1, 65, dtype=jnp.int32)
@@ -175,3 +174,51 @@ def test_k_max_holds_the_largest_scaled_layer_budget():
                                 attention__layer_budget_scale=(1.0, 0.5, 1.0, 2.0)),
                            device_count=2)
     assert cfg.k_max == 8
+
+
+def _with(cfg, section, **changes):
+
+    return dataclasses.replace(cfg, **{section: dataclasses.replace(getattr(cfg, section),
+                                                                    **changes)})
+
+
+# Fields that shape the parameters or the optimizer state, listed here apart from the
+# library's PARAMETER_FIELDS: a resume is refused when any changes, whatever the flag says.
+SHAPING_CHANGES = dict(vocab_size=512, num_layers=5, d_model=256, num_heads=8, num_kv_heads=4,
+                       head_dim=64, mlp_dim=1024, param_dtype="bfloat16")
+
+
+def test_run_config_refuses_every_change_but_the_resumable_ones(tmp_path):
+    """checkpoint.check_run_config against the recorded run.json: a field that shapes the
+    parameters is refused even with train.resume_with_changes; any other change (one alone is
+    enough: the seeds, the batcher, the learning rate) is refused without the flag and let
+    through with it; logging, checkpoint cadence and remat may change freely; a fresh run
+    compares nothing."""
+
+    cfg = from_config_dict(get_config("cpu"), device_count=2)
+    workdir = str(tmp_path)
+    checkpoint.record_run_config(workdir, cfg)
+    assert checkpoint.check_run_config(workdir, cfg, resuming=True) == []
+    flag = dict(resume_with_changes=True)
+    for field, value in SHAPING_CHANGES.items():
+        assert getattr(cfg.model, field) != value, field
+        changed = _with(_with(cfg, "model", **{field: value}), "train", **flag)
+        with pytest.raises(ConfigError, match=rf"^model\.{field}: the checkpoints in"):
+            checkpoint.check_run_config(workdir, changed, resuming=True)
+        assert checkpoint.check_run_config(workdir, changed, resuming=False) == []
+    others = [("data", "seed", cfg.data.seed + 1), ("train", "seed", cfg.train.seed + 1),
+              ("data", "batcher", "lbb" if cfg.data.batcher != "lbb" else "sab"),
+              ("optimizer", "learning_rate", cfg.optimizer.learning_rate * 2),
+              ("data", "jsonl_paths", ("/elsewhere.jsonl",)), ("model", "rope_theta", 123.0)]
+    for section, field, value in others:
+        changed = _with(cfg, section, **{field: value})
+        with pytest.raises(ConfigError, match=rf"^train\.resume_with_changes: .*changed: "
+                                              rf"{section}\.{field}: "):
+            checkpoint.check_run_config(workdir, changed, resuming=True)
+        let_through = checkpoint.check_run_config(workdir, _with(changed, "train", **flag),
+                                                  resuming=True)
+        assert [c.split(":")[0] for c in let_through] == [f"{section}.{field}"]
+    free = _with(_with(cfg, "train", log_every=cfg.train.log_every + 1,
+                       checkpoint_every=cfg.train.checkpoint_every + 1),
+                 "model", remat=not cfg.model.remat, scan_layers=not cfg.model.scan_layers)
+    assert checkpoint.check_run_config(workdir, free, resuming=True) == []

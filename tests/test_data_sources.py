@@ -200,3 +200,72 @@ def test_parse_record_null_content_and_context_are_empty():
         ("system", ""), ("user", "q"), ("assistant", "a")]
     assert parse_record({"input": "q", "output": "a", "context": None}) == [
         ("user", "q"), ("assistant", "a")]
+
+
+def test_decode_drops_every_special_id_and_a_cut_last_character():
+    """Special ids (PAD included) are no text wherever they sit, and a multi-byte character cut
+    short at the end (a generation stopped by its budget) is dropped, not turned into U+FFFD."""
+    rng = np.random.default_rng()
+    alphabet = list("abc xyz.") + ["ß", "é", "東", "京", "😀"]
+    text = "".join(rng.choice(alphabet, size=40))
+    ids = TOK.encode(text)
+    s = TOK.special
+    specials = [s.pad, s.bos, s.eos, s.user, s.assistant, s.system]
+    at = np.sort(rng.integers(0, len(ids) + 1, size=12))
+    mixed = np.insert(ids, at, rng.choice(specials, size=12))
+    assert TOK.decode(mixed) == text
+    for char in ("é", "東", "😀"):
+        cut = TOK.encode("ok" + char)[:-1]
+        assert TOK.decode(cut) == "ok"
+        assert TOK.decode(np.concatenate([cut, [s.pad, s.eos]])) == "ok"
+
+
+def test_jsonl_records_read_back_after_skipped_and_blank_lines(tmp_path):
+    """Records are re-read by byte offset: every record after a malformed or blank line (in any
+    of several files) reads back as the line it was scanned from."""
+    rng = np.random.default_rng()
+    paths, want = [], []
+    for f in range(2):
+        lines = []
+        for i in range(int(rng.integers(4, 8))):
+            kind = rng.integers(3)
+            if kind == 0:
+                lines.append(rng.choice(["", "   ", "{broken", json.dumps({"text": "x"})]))
+            good = json.dumps({"input": f"q {f}.{i} " + "é" * int(rng.integers(0, 5)),
+                               "output": f"a {f}.{i}"})
+            lines.append(good)
+            want.append(parse_record(json.loads(good)))
+        paths.append(_write_jsonl(tmp_path / f"f{f}.jsonl", lines))
+    index = JsonlIndex(paths, max_bad_lines=100)
+    assert [index[i] for i in range(len(index))] == want
+    assert index[len(index) - 1] == want[-1] and index[0] == want[0]
+
+
+def test_chatqa_answers_document_and_blank_context():
+    """`answers` gives the final assistant turn only when `messages` ends with the user; the
+    `document` goes before the first user turn; a context of whitespace adds nothing."""
+    msgs = [{"role": "user", "content": "q1"}, {"role": "assistant", "content": "a1"},
+            {"role": "user", "content": "q2"}]
+    assert parse_record({"messages": msgs, "document": "DOC", "answers": "a2"}) == [
+        ("user", "DOC\n\nq1"), ("assistant", "a1"), ("user", "q2"), ("assistant", "a2")]
+    assert parse_record({"messages": msgs[:2], "answers": ["other"]}) == [
+        ("user", "q1"), ("assistant", "a1")]
+    assert parse_record({"input": "q", "output": "a", "context": " \n\t"}) == [
+        ("user", "q"), ("assistant", "a")]
+    assert parse_record({"question": "q", "answer": "a", "sub-paragraphs": "  "}) == [
+        ("user", "q"), ("assistant", "a")]
+    assert parse_record({"messages": msgs, "document": "\n", "answers": ["a2"]})[0] == (
+        "user", "q1")
+
+
+@pytest.mark.parametrize("record, field", [
+    ({"question": "q", "answer": 42}, "answer"),
+    ({"question": ["q"], "answer": "a"}, "question"),
+    ({"input": "q", "output": 1.5}, "output"),
+    ({"input": "q", "output": "a", "context": {"text": "c"}}, "context"),
+    ({"messages": [{"role": "user", "content": 7}, {"role": "assistant", "content": "a"}]},
+     r"messages\[0\]\.content"),
+])
+def test_parse_record_refuses_a_field_that_is_not_text(record, field):
+    with pytest.raises(RecordError, match=f"field '{field}' must be a string"):
+        parse_record(record)

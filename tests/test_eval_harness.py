@@ -97,6 +97,33 @@ def test_oracle_scores_perfect_and_wrong(items, mode):
         assert min(r.nll for r in bad) > 0.5  # one token of the answer costs ~30 nats
     else:
         assert [r.prediction for r in good] == [it.example.answer for it in items]
+    # Every answer token counts, the first included, and so does the EOS after it: an answer
+    # whose first character is wrong, or one that runs on past its end, scores 0.
+    for wrong_answer in (lambda a: _off_by_one(a[::-1])[::-1], lambda a: a + "7"):
+        other = _oracle([(it.example.prompt, wrong_answer(it.example.answer)) for it in items])
+        scored = harness.evaluate_suite(harness.Scorer(other, {}, TOK, _settings(mode)), items)
+        assert [r.score for r in scored] == [0.0] * len(items)
+
+
+def test_greedy_stops_at_eos():
+    """Greedy decoding returns the tokens before the first EOS, nothing after it: a model that
+    says more after its EOS is not heard."""
+    rng = np.random.default_rng()
+    pairs = [("".join(rng.choice(list("abcdef"), 50)), "".join(rng.choice(list("0123"), n)))
+             for n in (3, 6)]
+    oracle = _oracle(pairs)
+
+    def apply_fn(params, inputs_BT, segment_ids_BT, positions_BT, budget_B):
+        # The oracle past the answer's EOS says "x" instead of EOS again.
+        logits = oracle(params, inputs_BT, segment_ids_BT, positions_BT, budget_B)
+        eos_BT = jnp.argmax(logits, -1) == TOK.special.eos
+        after_BT = jnp.cumsum(eos_BT, axis=1) > 1
+        x = TOK.encode("x")[0]
+        return jnp.where(after_BT[..., None], 30.0 * jax.nn.one_hot(x, VOCAB), logits)
+
+    scorer = harness.Scorer(apply_fn, {}, TOK, _settings("greedy"))
+    out = scorer.greedy([TOK.encode(p) for p, _ in pairs], [12, 12])
+    assert [o.tolist() for o in out] == [TOK.encode(a).tolist() for _, a in pairs]
 
 
 def test_longbench_greedy_with_oracle():
@@ -212,12 +239,17 @@ def test_restore_params_roundtrip(tmp_path):
         model.init(key, *dummy_inputs(1, cfg.attention.block_size))["params"]))
     state = TrainState.create(apply_fn=model.apply, params=init(jax.random.key(7)),
                               tx=make_optimizer(cfg.optimizer, cfg.train.num_steps))
+    older = state.replace(params=init(jax.random.key(8)))
     manager = checkpoint.make_manager(str(tmp_path), every=1, keep=2)
+    manager.save(2, args=ocp.args.Composite(state=ocp.args.StandardSave(older)))
     manager.save(5, args=ocp.args.Composite(state=ocp.args.StandardSave(state)))
     manager.wait_until_finished()
-    step, params = harness.restore_params(cfg, str(tmp_path))
+    step, params = harness.restore_params(cfg, str(tmp_path))  # the newest by default
     assert step == 5
     jax.tree.map(np.testing.assert_array_equal, params, state.params)
+    step, params = harness.restore_params(cfg, str(tmp_path), step=2)
+    assert step == 2
+    jax.tree.map(np.testing.assert_array_equal, params, older.params)
     with pytest.raises(FileNotFoundError, match="no checkpoint of step 9"):
         harness.restore_params(cfg, str(tmp_path), step=9)
     with pytest.raises(FileNotFoundError, match="no checkpoint under"):

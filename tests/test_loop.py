@@ -5,11 +5,15 @@ import json
 import math
 import os
 
+import grain
 import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from configs.longbench import get_config
-from sparsebalance_jax.training import launch, loop
+from sparsebalance_jax.data.pipeline import Lookahead
+from sparsebalance_jax.training import checkpoint, launch, loop
 
 
 def test_non_finite_gradients_stop_before_their_update_is_saved(tmp_path, monkeypatch):
@@ -66,8 +70,11 @@ def test_resume_restores_the_state_and_data_and_rewrites_the_later_metrics(tmp_p
                                                                            monkeypatch):
     """Killed after step 3's metrics line, before its checkpoint: the rerun resumes from step
     2's checkpoint (parameters, optimizer and data iterator), trains step 3 as an uninterrupted
-    run does, and metrics.jsonl holds one line per step."""
+    run does, and metrics.jsonl holds one line per step. The uninterrupted run checkpoints its
+    last step (3) as well as step 2 (checkpoint_every=2)."""
     launch.run(_short_run(tmp_path / "straight"))
+    # Every checkpoint_every steps, and the last step whatever the cadence.
+    assert sorted(os.listdir(tmp_path / "straight" / "checkpoints")) == ["2", "3"]
     save = loop.checkpoint.save
 
     def killed_at_3(manager, step, *args, **kwargs):
@@ -90,3 +97,30 @@ def test_resume_restores_the_state_and_data_and_rewrites_the_later_metrics(tmp_p
     for want, got in zip(straight, resumed):
         assert got["loss"] == want["loss"] and got["grad_norm"] == want["grad_norm"], got["step"]
         assert got["trained_tokens"] == want["trained_tokens"], got["step"]
+
+
+def test_checkpoint_round_trips_state_data_position_and_tuner_state(tmp_path):
+    """checkpoint.save / restore_latest: the newest step's train state, the data iterator's
+    position (a batch peeked at and not taken comes again) and the DST tuner's state as saved."""
+
+
+    rng = np.random.default_rng()
+    make = lambda: Lookahead(iter(grain.MapDataset.range(100).to_iter_dataset()))
+    manager = checkpoint.make_manager(str(tmp_path), every=1, keep=2)
+    it = make()
+    states, tuners = {}, {}
+    for step in (1, 2):
+        states[step] = {"w": jnp.asarray(rng.standard_normal((3, 4)), jnp.float32)}
+        tuners[step] = {"step": int(rng.integers(1, 99)),
+                        "history_budgets_HS": rng.integers(1, 9, (3, 4)).tolist(),
+                        "ema": {"ratio_S": rng.random(4).tolist()}}
+        taken = [next(it) for _ in range(int(rng.integers(1, 5)))]
+        assert it.peek() == taken[-1] + 1
+        checkpoint.save(manager, step, states[step], it, tuners[step])
+    manager.wait_until_finished()
+    resumed = make()
+    step, state, tuner = checkpoint.restore_latest(manager, states[2], resumed)
+    assert step == 2 and tuner == tuners[2]
+    np.testing.assert_array_equal(np.asarray(state["w"]), np.asarray(states[2]["w"]))
+    assert next(resumed) == taken[-1] + 1
+    manager.close()

@@ -6,14 +6,16 @@ import re
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from sparsebalance_jax.config import MeshConfig
 from sparsebalance_jax.model import Transformer, attention_op
 from sparsebalance_jax.sharding import AXES, LOGICAL_RULES, make_mesh, rules_without
+from sparsebalance_jax.training.launch import CoverageProbe, local_copies
 from sparsebalance_jax.training.state import create_train_state
 from sparsebalance_jax.training.step import (batch_shardings, compile_train_step,
-                                             jit_train_step, mesh_context)
+                                              jit_train_step, mesh_context)
 from tests.test_model import packed_inputs, tiny_config
 
 # float32 compute; only the order of reductions differs between meshes.
@@ -173,7 +175,6 @@ def test_coverage_probe_runs_on_the_parameters_mesh(mesh_shape):
     """DST's probe with parameters on the step's mesh (fsdp- and tensor-sharded among them)
     runs there, each device probing its own shards, and gives the curve the one-device probe
     gives."""
-    from sparsebalance_jax.training.launch import CoverageProbe
 
     cfg = tiny_config("moba")
     cfg = dataclasses.replace(cfg, balance=dataclasses.replace(cfg.balance, probe_stride=4))
@@ -196,7 +197,6 @@ def test_coverage_probe_runs_on_the_parameters_mesh(mesh_shape):
 def test_local_copies_reuse_the_devices_own_parameter_copies():
     """launch.local_copies (the multi-process DST probe's parameters): replicated parameters
     re-wrapped on a mesh of the process's devices, from the buffers those devices hold."""
-    from sparsebalance_jax.training.launch import local_copies
 
     _, mesh, _, state, _ = _on_mesh(tiny_config("moba"), (8, 1, 1))
     local = make_mesh(MeshConfig(8, 1, 1), jax.devices()[::-1])
@@ -207,3 +207,49 @@ def test_local_copies_reuse_the_devices_own_parameter_copies():
         pointers = {s.device: s.data.unsafe_buffer_pointer() for s in x.addressable_shards}
         assert all(pointers[s.device] == s.data.unsafe_buffer_pointer()
                    for s in y.addressable_shards)
+
+
+def test_mesh_axes_are_data_fsdp_tensor_in_config_order():
+    mesh = make_mesh(MeshConfig(4, 2, 1))
+    assert dict(mesh.shape) == {"data": 4, "fsdp": 2, "tensor": 1}
+    assert mesh.devices.flatten().tolist() == jax.devices()
+
+
+# How each parameter is split, read off the model's logical names apart from LOGICAL_RULES:
+# the model dimension over fsdp; heads, KV heads, MLP columns and the vocabulary over tensor;
+# head_dim and the norms whole; never over data. (Axes after the scanned layers' layer axis.)
+PARAMETER_SPLITS = {
+    "embed/embedding": ("tensor", "fsdp"),
+    "q/kernel": ("fsdp", "tensor", None), "q/bias": ("tensor", None),
+    "k/kernel": ("fsdp", "tensor", None), "k/bias": ("tensor", None),
+    "v/kernel": ("fsdp", "tensor", None), "v/bias": ("tensor", None),
+    "o/kernel": ("tensor", None, "fsdp"),
+    "gate/kernel": ("fsdp", "tensor"), "up/kernel": ("fsdp", "tensor"),
+    "down/kernel": ("tensor", "fsdp"),
+    "lm_head/kernel": ("fsdp", "tensor"),
+    "scale": (None,),
+}
+
+
+def test_parameters_and_adam_moments_are_born_split_over_fsdp_and_tensor():
+    """On a 1 x 4 x 2 mesh every parameter, and Adam's two moments of it, is held split as
+    PARAMETER_SPLITS says: each device holds its 1/4 of the model dimension (fsdp) and its 1/2
+    of the heads / MLP columns / vocabulary (tensor)."""
+    _, mesh, _, state, _ = _on_mesh(tiny_config(), (1, 4, 2))
+    sizes = dict(mesh.shape)
+    adam = [s for s in jax.tree.leaves(state.opt_state,
+                                       is_leaf=lambda x: isinstance(x, optax.ScaleByAdamState))
+            if isinstance(s, optax.ScaleByAdamState)]
+    assert len(adam) == 1
+    checked = set()
+    for tree in (state.params, adam[0].mu, adam[0].nu):
+        for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+            name = "/".join(str(getattr(k, "key", k)) for k in path)
+            (rule,) = [r for r in PARAMETER_SPLITS if name.endswith(r)]
+            axes = ((None,) if name.startswith("layers/") else ()) + PARAMETER_SPLITS[rule]
+            assert len(axes) == leaf.ndim, name
+            want = tuple(n // (sizes[a] if a else 1) for n, a in zip(leaf.shape, axes))
+            shapes = {s.data.shape for s in leaf.addressable_shards}
+            assert shapes == {want}, (name, shapes, want)
+            checked.add(rule)
+    assert checked == set(PARAMETER_SPLITS)
