@@ -30,7 +30,10 @@ def kernel_args(hq, hkv, block_size, d=64, key_scale=None):
   if key_scale is not None:
     late = (np.arange(t) % block_size >= block_size // 2)[None, :, None, None]
     k = jnp.where(late, k * key_scale, k).astype(k.dtype)
-  seg = packed_segments(rng, b, t, block_size, aligned=bool(rng.integers(2)))
+  # One row of documents starting on blocks, one of documents packed anywhere (blocks that
+  # mix documents: the masks' segment test), in every case.
+  seg = jnp.concatenate([packed_segments(rng, 1, t, block_size, aligned=aligned)
+                         for aligned in (True, False)])
   budget = ragged_budgets(rng, b, 1, k_max)
   sel = moba_gate(q, k, seg, budget, block_size=block_size, k_max=k_max)
   layout = build_kv_layout(sel, seg, num_blocks=t // block_size, group_size=hq // hkv,
@@ -211,6 +214,71 @@ def test_forward_rescales_where_row_maxima_rise():
   np.testing.assert_allclose(np.asarray(got_lse)[real_BGL], np.asarray(want_lse)[real_BGL],
                              rtol=1e-5, atol=1e-5, equal_nan=False)
   assert_outputs_close(got_o, want_o, real_BGL, args, block_size=block_size, bs=tiles)
+
+
+def test_half_ending_on_a_key_tiles_first_key_takes_that_tile():
+  """A block whose first token is padding: its own run's first half (64 rows, one query head
+  per KV group) ends on token 64, the first key of the block's second 64-key tile, which that
+  row attends (its diagonal) and no other row of the half does. With half_steps the half runs
+  its own key steps (persistent_items), which must include that tile; outputs and lse as the
+  Triton forward's."""
+  rng = np.random.default_rng()
+  b, t, hq, hkv, d, block_size, block_kv = 1, 256, 2, 2, 64, 128, 64
+  q, k, v, _ = make_inputs(rng, b, t, hq, hkv, d, jnp.bfloat16)
+  seg = jnp.ones((b, t), jnp.int32).at[0, 0].set(0)
+  sel = moba_gate(q, k, seg, jnp.asarray([2], jnp.int32), block_size=block_size, k_max=2)
+  layout = build_kv_layout(sel, seg, num_blocks=t // block_size, group_size=hq // hkv,
+                           block_rows=64, pad_rows=hopper.ITEM_ROWS)
+  assert int(np.asarray(layout.row_pos_BGL)[0, 0, 63]) == block_kv  # the half's last row
+  args = (q.reshape(b, t * hq, d), layout, k, v, seg)
+  tiles = dataclasses.replace(HOPPER, block_k=block_kv)
+  want_o, want_lse = kernels.moba_forward_rows(*args, block_size=block_size, bs=tiles,
+                                               interpret=True)
+  got_o, got_lse = hopper.moba_forward_rows(*args, block_size=block_size, bs=HOPPER,
+                                            block_kv=block_kv, num_ctas=2, pingpong=False,
+                                            half_steps=True, interpret=True)
+  _, real_BGL = used_item_rows(layout)
+  np.testing.assert_allclose(np.asarray(got_lse)[real_BGL], np.asarray(want_lse)[real_BGL],
+                             rtol=1e-5, atol=1e-5, equal_nan=False)
+  assert_outputs_close(got_o, want_o, real_BGL, args, block_size=block_size, bs=tiles)
+
+
+def test_gathered_halves_that_start_inside_a_token_across_gaps():
+  """Three query heads per KV group, and a selection (built here, not by the gate) in which
+  every other token of block 1 reads block 0: block 0's run then holds tokens with gaps
+  between them, and its later halves start inside a token (at head 1 or 2: 64 rows are no
+  multiple of 3), so the gatherer's plan for such a half (_half_plans, chosen by its first
+  row's head) must start its boxes at the next whole token; a box at the wrong offset would
+  span two tokens that are not consecutive in q. The forward's gathered q rows (sorted_q)
+  are XLA's gather of the same rows, and its outputs and lse the Triton forward's."""
+  rng = np.random.default_rng()
+  b, t, hq, hkv, d, block_size = 1, 256, 3, 1, 64, 128
+  q, k, v, _ = make_inputs(rng, b, t, hq, hkv, d, jnp.bfloat16)
+  seg = jnp.ones((b, t), jnp.int32)
+  tok = np.arange(t)
+  picks = np.where((tok >= block_size) & (tok % 2 == 0), 0, 2)
+  selected = np.stack([tok // block_size, picks], -1)[None, :, None, :].astype(np.int32)
+  sel = moba_gate(q, k, seg, jnp.asarray([2], jnp.int32), block_size=block_size, k_max=2)
+  sel = dataclasses.replace(sel, selected_BTGK=jnp.asarray(selected),
+                            count_BTG=jnp.asarray(1 + (picks == 0), jnp.int32)[None, :, None])
+  layout = build_kv_layout(sel, seg, num_blocks=t // block_size, group_size=hq // hkv,
+                           block_rows=64, pad_rows=hopper.ITEM_ROWS)
+  src = np.asarray(layout.row_src_BGL)[0, 0]
+  gapped = range(hq * block_size + 64, hq * (block_size + block_size // 2), 64)  # block 0's run
+  first_heads = {int(src[r] % hq) for r in gapped}
+  assert first_heads == {1, 2}  # halves of block 0's gapped rows start inside tokens
+  args = (q.reshape(b, t * hq, d), layout, k, v, seg)
+  want_o, want_lse = kernels.moba_forward_rows(*args, block_size=block_size, bs=HOPPER,
+                                               interpret=True)
+  got_o, got_lse, got_q = hopper.moba_forward_rows(*args, block_size=block_size, bs=HOPPER,
+                                                   block_kv=64, num_ctas=2, sorted_q=True,
+                                                   interpret=True)
+  _, real_BGL = used_item_rows(layout)
+  np.testing.assert_array_equal(np.asarray(got_q)[real_BGL],
+                                np.asarray(hopper.sorted_rows(args[0], layout))[real_BGL])
+  np.testing.assert_allclose(np.asarray(got_lse)[real_BGL], np.asarray(want_lse)[real_BGL],
+                             rtol=1e-5, atol=1e-5, equal_nan=False)
+  assert_outputs_close(got_o, want_o, real_BGL, args, block_size=block_size, bs=HOPPER)
 
 
 def test_gather_rows_match_xla_gather():
