@@ -255,25 +255,32 @@ def test_allreduce_is_a_ring_all_reduce_of_the_gradients():
     assert simulate.allreduce_seconds(8e9, 1, 400e9) == 0.0
 
 
-def test_the_ema_learns_from_the_prediction_at_the_budgets_that_ran():
-    """run_method feeds the tuner each shard's measured time against the uncorrected
-    prediction at the budget the shard ran, not at the base: with a device exactly 3x the
-    latency model at every budget, the corrected predictions are exact from the second step
-    on, budgets moved or not."""
+def _dst_run_inputs(steps, num_docs):
+    """A small +DST run's cost model, setup and batches: four shards of one 1024-token row,
+    random batching of num_docs lognormal documents, base budget 8 in buckets (8, 12)."""
     model = AnalyticLatencyModel(LayerShape(64, 4, 2, 16, 128, 16), attention_flops_per_s=2e11)
     config = tuner.TunerConfig(anchor="mean", p=0.3, coverage_floor=0.0, buckets=(8, 12),
                                raise_within_bucket=False)
     setup = simulate.BenchSetup(num_shards=4, micro_batches=1, rows_per_micro_batch=1,
-                                row_len=1024, steps=4, base_budget=8, tuner=config,
+                                row_len=1024, steps=steps, base_budget=8, tuner=config,
                                 ema_decay=0.5, repeats=1, bus_bytes_per_s=1e9, seed=0)
     rng = np.random.default_rng()
-    lengths = np.clip(rng.lognormal(np.log(300), 0.9, size=60), 16, 1024).astype(int)
+    lengths = np.clip(rng.lognormal(np.log(300), 0.9, size=num_docs), 16, 1024).astype(int)
     docs = [{"inputs": np.ones(n, np.int32), "targets": np.ones(n, np.int32),
              "loss_mask": np.ones(n, np.float32)} for n in lengths]
     batches = list(batching.make_batcher(
         "random", grain.MapDataset.source(docs).to_iter_dataset(), num_shards=4,
         micro_batches=1, rows_per_micro_batch=1, row_len=1024, align=16, base_budget=8,
         window=100, cost_model=model, seed=int(rng.integers(1000))))
+    return model, setup, batches
+
+
+def test_the_ema_learns_from_the_prediction_at_the_budgets_that_ran():
+    """run_method feeds the tuner each shard's measured time against the uncorrected
+    prediction at the budget the shard ran, not at the base: with a device exactly 3x the
+    latency model at every budget, the corrected predictions are exact from the second step
+    on, budgets moved or not."""
+    model, setup, batches = _dst_run_inputs(steps=4, num_docs=60)
 
     class Runner:
         def decision_coverage(self, batch, repeats):
@@ -329,20 +336,7 @@ def test_summary_numbers_by_hand():
 def test_a_step_reports_the_coverage_at_the_budget_each_shard_ran():
     """run_method reads the report's coverage column k - 1 for a shard at budget k (a probe
     whose column j reads (j + 1) / 100 gives budget / 100)."""
-    model = AnalyticLatencyModel(LayerShape(64, 4, 2, 16, 128, 16), attention_flops_per_s=2e11)
-    config = tuner.TunerConfig(anchor="mean", p=0.3, coverage_floor=0.0, buckets=(8, 12),
-                               raise_within_bucket=False)
-    setup = simulate.BenchSetup(num_shards=4, micro_batches=1, rows_per_micro_batch=1,
-                                row_len=1024, steps=3, base_budget=8, tuner=config,
-                                ema_decay=0.5, repeats=1, bus_bytes_per_s=1e9, seed=0)
-    rng = np.random.default_rng()
-    lengths = np.clip(rng.lognormal(np.log(300), 0.9, size=40), 16, 1024).astype(int)
-    docs = [{"inputs": np.ones(n, np.int32), "targets": np.ones(n, np.int32),
-             "loss_mask": np.ones(n, np.float32)} for n in lengths]
-    batches = list(batching.make_batcher(
-        "random", grain.MapDataset.source(docs).to_iter_dataset(), num_shards=4,
-        micro_batches=1, rows_per_micro_batch=1, row_len=1024, align=16, base_budget=8,
-        window=100, cost_model=model, seed=int(rng.integers(1000))))
+    model, setup, batches = _dst_run_inputs(steps=3, num_docs=40)
 
     class Runner:
         def decision_coverage(self, batch, repeats):
