@@ -412,6 +412,36 @@ def test_dkv_items_cover_each_run_once():
   assert (part_tile >= 0).sum() == len(used)
 
 
+def test_split_parts_sum_to_their_tile_in_float32():
+  """_add_parts: each split tile's rows become the float32 sum of its parts, each part taken as
+  its bf16 hi + lo pair (bf16 rounds to 2^-8: the pair holds the part to 2^-16, hi alone to
+  2^-8); tiles not split keep x's rows (exactly). Two KV groups of four 128-key tiles, parts of
+  random float32 values."""
+  rng = np.random.default_rng()
+  b, g, d, tiles = 1, 2, 16, 4
+  t = tiles * hopper.DKV_TILE
+  first = rng.integers(0, 10, g * tiles)
+  length = np.where(np.arange(g * tiles) % 3 == 0, rng.integers(60, 200, g * tiles),
+                    rng.integers(0, 8, g * tiles))
+  items = hopper.dkv_items(jnp.asarray(first, jnp.int32), jnp.asarray(first + length, jnp.int32),
+                           8)  # a share of about a 1/8 of the chunks: the long runs split
+  part_tile = np.asarray(items.part_tile_P)
+  assert len(set(part_tile[part_tile >= 0])) >= 2  # split tiles, several parts each
+  parts = rng.standard_normal((part_tile.shape[0], hopper.DKV_TILE, d)).astype(np.float32)
+  hi = jnp.asarray(parts, jnp.bfloat16)
+  lo = jnp.asarray(parts - np.asarray(hi, np.float32), jnp.bfloat16)
+  x = rng.standard_normal((b, t, g, d)).astype(np.float32)
+  got = np.asarray(hopper.dkv._add_parts(jnp.asarray(x), hi, lo, items, num_groups=g))
+  want = x.reshape(b, tiles, hopper.DKV_TILE, g, d).copy()
+  bound = np.zeros_like(want)  # a pair's error is at most 2^-16 of its part, float32's below
+  for f in set(part_tile[part_tile >= 0]):
+    at = (f // (g * tiles), f % tiles, slice(None), (f // tiles) % g)
+    want[at] = parts[part_tile == f].sum(0)
+    bound[at] = 2.0**-16 * np.abs(parts[part_tile == f]).sum(0) + 1e-6
+  err = np.abs(got - want.reshape(b, t, g, d))
+  assert (err <= bound.reshape(b, t, g, d)).all(), err.max()
+
+
 def test_dkv_items_without_splits_are_the_tiles_longest_first():
   first = jnp.asarray([0, 5, 9, 2], jnp.int32)
   end = jnp.asarray([40, 6, 9, 30], jnp.int32)

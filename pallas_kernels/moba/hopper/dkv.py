@@ -41,7 +41,7 @@ def _dkv_kernel(tile_ref, part_ref, num_ref, first_ref, end_ref, whole_ref, seg_
   block's run (without ping-pong, compute warpgroup w computes those from first_ref[., w]:
   the own-block rows before its keys lead the run):
   the whole run, written to dk/dv, or (with `split`) one part of a long run (part_ref >= 0),
-  whose dK and dV leave as bf16 hi/lo pairs (x = hi + lo to ~2^-17) in that slot of
+  whose dK and dV leave as bf16 hi/lo pairs (x = hi + lo to 2^-16 of x) in that slot of
   dk_hi/dk_lo/dv_hi/dv_lo for the caller to sum. A chunk skips the mask for the key tiles it
   attends whole (whole_ref [B, G, C]: the first that many tiles of its block)."""
   q_smem, do_smem, rowf_smem, rowi_smem, k_smem, v_smem, p_smem, bars = scoped
