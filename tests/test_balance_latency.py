@@ -254,7 +254,6 @@ def test_table_round_trip_and_missing_table_names_the_command(tmp_path):
 
 def _layer_configs(implementation: str, moba_backend: str):
     """A one-layer model config and an attention config (block 16), tiny enough for CPU."""
-
     model_cfg = ModelConfig(vocab_size=128, num_layers=1, d_model=32, num_heads=2, num_kv_heads=1,
                             head_dim=16, mlp_dim=64, rope_theta=1e4, rms_eps=1e-6,
                             param_dtype="float32", compute_dtype="float32", remat=False,
@@ -308,7 +307,6 @@ def test_make_latency_model_rejects_unknown_kind():
 
 
 def test_profile_layer_makes_a_loadable_table(tmp_path):
-
     # The dense reference attention keeps this fast on CPU; the GPU profile uses MoBA.
     model_cfg, attention_cfg = _layer_configs("reference", "triton")
     table = profiling.profile_layer(model_cfg, attention_cfg, (16, 32), (1, 2), repeats=1,
@@ -322,8 +320,6 @@ def test_profile_layer_makes_a_loadable_table(tmp_path):
 
 
 def test_profile_times_each_distinct_program_once_compiled(monkeypatch):
-
-
     timed = []
 
     def fake_time_call(fn, *args, repeats):
@@ -348,8 +344,6 @@ def test_a_table_that_cannot_price_the_run_stops_it_at_launch(tmp_path):
     """The launch asks the cost model for the longest document at every budget the run may
     price: a profiled table too short for it is a config error naming balance.latency_table
     (before the work directory is written), not an error at the first batch."""
-
-
     raw = get_config("cpu")
     raw.balance.update(latency_model="profiled", latency_table=str(tmp_path))
     cfg = from_config_dict(raw, device_count=2)
@@ -404,8 +398,6 @@ def test_profile_times_padding_on_padding_and_each_budget_the_kernel_runs(monkey
     """The padding-only timing runs the step on segment ids 0 (the budget rows on one
     document, ids 1); a budget past a length's blocks runs, and is timed at, the block count
     (budgets 2 and 3 on a one-block length: one timing at 1; on two blocks one at 2)."""
-
-
     timed = []
 
     def fake_time_call(fn, params, x, segment_ids, budget, *, repeats):

@@ -59,17 +59,17 @@ def test_time_call_waits_for_the_outputs_and_takes_the_median():
 
 
 def test_time_on_device_takes_the_median_span_and_restores_wraps():
-    """time_on_device on a stand-in clocked call (no GPU: its clock readings are given) whose
-    spans read 1000, 2000 and 90000 ns after a warm-up: the median 2000 ns, not the mean. And
-    a 5 s program that read 5 - 2^32 ns on the low 32 bits, under a host bound of 8.6 s,
-    is 5 s: 5 - 2^32 ns plus the whole wraps the bound leaves room for (one; two would
-    make 9.29 s, past the bound)."""
-    readings = iter([0, 50, 1000, 2000, 90000])
-    clocked = lambda: (np.zeros(2), np.stack([np.zeros(16, np.int32),
-                                              np.full(16, next(readings), np.int32)]))
-    wall, span = timing.time_on_device(clocked, warmup=2, repeats=3)
-    assert span == pytest.approx(2000e-9, rel=1e-12) and 0 < wall < 1
-    five = np.full((1, 16), 5_000_000_000 % (1 << 32), np.int64).astype(np.uint32).view(np.int32)
-    zero = np.zeros((1, 16), np.int32)
-    np.testing.assert_allclose(device_clock.elapsed_seconds(zero, five, at_most_seconds=8.6),
-                               [5.0])
+  """time_on_device on a stand-in clocked call (no GPU: its clock readings are given) whose
+  spans read 1000, 2000 and 90000 ns after a warm-up: the median 2000 ns, not the mean. And
+  a 5 s program that read 5 - 2^32 ns on the low 32 bits, under a host bound of 8.6 s,
+  is 5 s: 5 - 2^32 ns plus the whole wraps the bound leaves room for (one; two would
+  make 9.29 s, past the bound)."""
+  readings = iter([0, 50, 1000, 2000, 90000])
+  clocked = lambda: (np.zeros(2), np.stack([np.zeros(16, np.int32),
+                                            np.full(16, next(readings), np.int32)]))
+  wall, span = timing.time_on_device(clocked, warmup=2, repeats=3)
+  assert span == pytest.approx(2000e-9, rel=1e-12) and 0 < wall < 1
+  five = np.full((1, 16), 5_000_000_000 % (1 << 32), np.int64).astype(np.uint32).view(np.int32)
+  zero = np.zeros((1, 16), np.int32)
+  np.testing.assert_allclose(device_clock.elapsed_seconds(zero, five, at_most_seconds=8.6),
+                             [5.0])

@@ -85,8 +85,6 @@ def test_mesh_must_match_devices():
 def test_hopper_kernels_off_hopper_stop_the_run_naming_the_field():
     """The GPU preset's Hopper kernels validate anywhere (validate() reads the config alone);
     the launch check stops a run on a device that cannot run them, naming the field."""
-
-
     cfg = from_config_dict(get_config("gpu"), device_count=1)
     assert cfg.attention.moba_backend == "mosaic"
     device = jax.devices()[0]
@@ -101,8 +99,6 @@ def test_hopper_kernels_off_hopper_stop_the_run_naming_the_field():
 def test_attention_a_cpu_cannot_run_stops_the_run_naming_the_field():
     """cuDNN attention, or the Pallas kernels compiled (not interpreted), stop a CPU-only
     process at launch; a GPU process runs both."""
-
-
     cases = ((dict(attention__implementation="cudnn", balance__dst=False),
               r"attention\.implementation: 'cudnn'"),
              (dict(attention__interpret=False), r"attention\.interpret: False"))
@@ -118,7 +114,6 @@ def test_attention_a_cpu_cannot_run_stops_the_run_naming_the_field():
 def test_warmup_may_outlast_the_run():
     """A short run under a longer warm-up validates, and its rate rises to the end, below
     the peak; the first update's rate is a warm-up step's, not 0."""
-
     cfg = from_config_dict(_raw(train__num_steps=3, optimizer__warmup_steps=10), device_count=2)
     rates = [float(learning_rate_schedule(cfg.optimizer, 3)(i)) for i in range(3)]
     assert rates == sorted(rates) and rates[-1] < cfg.optimizer.learning_rate
@@ -156,8 +151,6 @@ def test_wrong_type_is_named():
 def test_max_layer_budget_rounds_as_the_model_does():
     """The bucket check and the loop's range check take the model's per-layer budget: its
     float32 round of budget x scale (a float64 product rounds 45 x 0.7 to 31, float32 to 32)."""
-
-
     assert max_layer_budget(45, (0.7,)) == 32 and max_layer_budget(1, (0.1,)) == 1
     budgets = jnp.arange(1, 65, dtype=jnp.int32)
     for scale in np.linspace(0.01, 3.99, 400):
@@ -177,7 +170,7 @@ def test_k_max_holds_the_largest_scaled_layer_budget():
 
 
 def _with(cfg, section, **changes):
-
+    """cfg with fields of one section (a frozen dataclass) changed."""
     return dataclasses.replace(cfg, **{section: dataclasses.replace(getattr(cfg, section),
                                                                     **changes)})
 
@@ -194,7 +187,6 @@ def test_run_config_refuses_every_change_but_the_resumable_ones(tmp_path):
     enough: the seeds, the batcher, the learning rate) is refused without the flag and let
     through with it; logging, checkpoint cadence and remat may change freely; a fresh run
     compares nothing."""
-
     cfg = from_config_dict(get_config("cpu"), device_count=2)
     workdir = str(tmp_path)
     checkpoint.record_run_config(workdir, cfg)

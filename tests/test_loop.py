@@ -16,6 +16,22 @@ from sparsebalance_jax.data.pipeline import Lookahead
 from sparsebalance_jax.training import checkpoint, launch, loop
 
 
+def _short_run(workdir, *, num_steps=3, checkpoint_every=2):
+    """The CPU preset cut to a one-layer model on 256-token rows of text, dense reference
+    attention, no DST, on this process's eight host devices."""
+    raw = get_config("cpu")
+    raw.mesh.data = -1
+    raw.attention.update(implementation="reference", block_size=32)
+    raw.balance.dst = False
+    raw.data.update(seq_len=256, max_doc_len=256, min_doc_len=32, length_scale=0.01,
+                    synthetic_weight=0.0)
+    raw.model.update(num_layers=1, d_model=64, mlp_dim=128)
+    raw.train.update(num_steps=num_steps, checkpoint_every=checkpoint_every,
+                     workdir=str(workdir))
+    raw.optimizer.warmup_steps = 1
+    return raw
+
+
 def test_non_finite_gradients_stop_before_their_update_is_saved(tmp_path, monkeypatch):
     """A finite loss over non-finite gradients (the backward pass alone broke) leaves the
     step's returned state non-finite: the loop stops at that step and saves nothing of it, so
@@ -32,15 +48,7 @@ def test_non_finite_gradients_stop_before_their_update_is_saved(tmp_path, monkey
             return state, metrics, shard_seconds
 
     monkeypatch.setattr(loop, "FusedStep", BrokenSecondBackward)
-    raw = get_config("cpu")
-    raw.mesh.data = -1  # this process's eight host devices
-    raw.attention.update(implementation="reference", block_size=32)
-    raw.balance.dst = False
-    raw.data.update(seq_len=256, max_doc_len=256, min_doc_len=32, length_scale=0.01,
-                    synthetic_weight=0.0)
-    raw.model.update(num_layers=1, d_model=64, mlp_dim=128)
-    raw.train.update(num_steps=4, checkpoint_every=1, workdir=str(tmp_path / "run"))
-    raw.optimizer.warmup_steps = 1
+    raw = _short_run(tmp_path / "run", num_steps=4, checkpoint_every=1)
     with pytest.raises(loop.TrainingDivergedError,
                        match=r"gradient norm is nan at step 2 \(loss [0-9.]+\); stopping before "
                              r"its update is saved\. Checkpoints up to step 1 are kept"):
@@ -51,19 +59,6 @@ def test_non_finite_gradients_stop_before_their_update_is_saved(tmp_path, monkey
 
 class _Killed(Exception):
     """Stands for a kill between a step's metrics line and its checkpoint."""
-
-
-def _short_run(workdir):
-    raw = get_config("cpu")
-    raw.mesh.data = -1
-    raw.attention.update(implementation="reference", block_size=32)
-    raw.balance.dst = False
-    raw.data.update(seq_len=256, max_doc_len=256, min_doc_len=32, length_scale=0.01,
-                    synthetic_weight=0.0)
-    raw.model.update(num_layers=1, d_model=64, mlp_dim=128)
-    raw.train.update(num_steps=3, checkpoint_every=2, workdir=str(workdir))
-    raw.optimizer.warmup_steps = 1
-    return raw
 
 
 def test_resume_restores_the_state_and_data_and_rewrites_the_later_metrics(tmp_path,
@@ -102,8 +97,6 @@ def test_resume_restores_the_state_and_data_and_rewrites_the_later_metrics(tmp_p
 def test_checkpoint_round_trips_state_data_position_and_tuner_state(tmp_path):
     """checkpoint.save / restore_latest: the newest step's train state, the data iterator's
     position (a batch peeked at and not taken comes again) and the DST tuner's state as saved."""
-
-
     rng = np.random.default_rng()
     make = lambda: Lookahead(iter(grain.MapDataset.range(100).to_iter_dataset()))
     manager = checkpoint.make_manager(str(tmp_path), every=1, keep=2)

@@ -15,7 +15,7 @@ from sparsebalance_jax.sharding import AXES, LOGICAL_RULES, make_mesh, rules_wit
 from sparsebalance_jax.training.launch import CoverageProbe, local_copies
 from sparsebalance_jax.training.state import create_train_state
 from sparsebalance_jax.training.step import (batch_shardings, compile_train_step,
-                                              jit_train_step, mesh_context)
+                                             jit_train_step, mesh_context)
 from tests.test_model import packed_inputs, tiny_config
 
 # float32 compute; only the order of reductions differs between meshes.
@@ -175,7 +175,6 @@ def test_coverage_probe_runs_on_the_parameters_mesh(mesh_shape):
     """DST's probe with parameters on the step's mesh (fsdp- and tensor-sharded among them)
     runs there, each device probing its own shards, and gives the curve the one-device probe
     gives."""
-
     cfg = tiny_config("moba")
     cfg = dataclasses.replace(cfg, balance=dataclasses.replace(cfg.balance, probe_stride=4))
     cfg, mesh, model, state, _ = _on_mesh(cfg, mesh_shape)
@@ -197,7 +196,6 @@ def test_coverage_probe_runs_on_the_parameters_mesh(mesh_shape):
 def test_local_copies_reuse_the_devices_own_parameter_copies():
     """launch.local_copies (the multi-process DST probe's parameters): replicated parameters
     re-wrapped on a mesh of the process's devices, from the buffers those devices hold."""
-
     _, mesh, _, state, _ = _on_mesh(tiny_config("moba"), (8, 1, 1))
     local = make_mesh(MeshConfig(8, 1, 1), jax.devices()[::-1])
     copies = local_copies(state.params, local)
