@@ -11,7 +11,7 @@ from configs.longbench import get_config
 from pallas_kernels.moba.attention import BACKENDS
 from sparsebalance_jax.config import (MOBA_BACKENDS, ConfigError, check_attention_runs_here,
                                       from_config_dict, max_layer_budget)
-from sparsebalance_jax.training import checkpoint
+from sparsebalance_jax.training import checkpoint, launch
 from sparsebalance_jax.training.state import learning_rate_schedule
 
 
@@ -74,6 +74,17 @@ def test_presets_are_valid():
 def test_invalid_field_is_named(changes, field):
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
         from_config_dict(_raw(**changes))
+
+
+def test_missing_jsonl_file_is_named_before_the_pipeline_reads(tmp_path):
+    present = tmp_path / "present.jsonl"
+    present.write_text('{"input": "q", "output": "a"}\n')
+    missing = str(tmp_path / "missing.jsonl")
+    cfg = from_config_dict(_raw(data__jsonl_weight=0.5, data__jsonl_paths=(str(present), missing)))
+    with pytest.raises(ConfigError, match=rf"^data\.jsonl_paths: no such file: {missing}$"):
+        launch.data_spec(cfg)
+    ok = from_config_dict(_raw(data__jsonl_weight=0.5, data__jsonl_paths=(str(present),)))
+    assert launch.data_spec(ok).jsonl_paths == (str(present),)
 
 
 def test_mesh_must_match_devices():
