@@ -4,12 +4,13 @@ come from each arm's metrics.jsonl and eval.json."""
 import json
 import os
 
+import numpy as np
 import pytest
 
 from configs import accuracy_study
 from sparsebalance_jax.balance.tuner import budget_bounds
 from sparsebalance_jax.config import from_config_dict
-from sparsebalance_jax.eval import study
+from sparsebalance_jax.eval import harness, study
 
 
 @pytest.mark.parametrize("preset", ["gpu", "cpu"], ids=["gpu_shape", "cpu_shape"])
@@ -125,3 +126,65 @@ def test_reports_of_separate_calls_combine(tmp_path):
     c = _report(tmp_path / "c.json", [dict(arm, seed=2)], steps=500)
     with pytest.raises(ValueError, match="settings"):
         study.combine_reports([a, c])
+
+
+def test_commands_carry_every_eval_setting():
+    """The eval command's own flags, each from its setting, and every suite length; arms seed by
+    seed (every method of seed 0 first): the table's rows of one seed sit together and a study
+    cut short holds whole seeds."""
+    settings = study.StudySettings(preset="gpu", steps=None, suite_lengths=(800, 1600),
+                                   suite_per_cell=3, text_per_cell=5, eval_batch_size=7)
+    arms = study.plan_arms(["dense", "moba"], [4, 9], "/tmp/x")
+    assert [a.name for a in arms] == ["dense-seed4", "moba-seed4", "dense-seed9", "moba-seed9"]
+    train, evaluate = study.arm_commands(arms[1], settings)
+    assert not any(f.startswith("--config.train.num_steps") for f in train + evaluate)
+    for flag in ("--output=/tmp/x/moba-seed4/eval.json", "--suite_per_cell=3",
+                 "--text_per_cell=5", "--batch_size=7", "--suite_lengths=800,1600"):
+        assert flag in evaluate, flag
+
+
+def _harness_arm(tmp_path, losses_T, budgets_TS, examples, base):
+    """An arm's files as the training loop and experiments.eval write them: every step's
+    record (with the step's bucket beside the shards' budgets), and eval.json with rows per
+    (suite, task, bucket) and per (suite, task) over all buckets."""
+    arm = study.Arm("sparsebalance", 3, str(tmp_path / "sparsebalance-seed3"))
+    os.makedirs(arm.workdir)
+    with open(os.path.join(arm.workdir, "metrics.jsonl"), "w") as f:
+        for step, (loss, budgets_S) in enumerate(zip(losses_T, budgets_TS), 1):
+            rec = {"step": step, "loss": float(loss), "budget/bucket": 8.0}
+            rec.update({f"budget/shard{s}": float(b) for s, b in enumerate(budgets_S)})
+            f.write(json.dumps(rec) + "\n")
+    settings = harness.EvalSettings(mode="teacher_forced", batch_size=2, seq_multiple=16,
+                                    min_seq_len=16, budget=base, max_seq_len=256)
+    harness.write_json(os.path.join(arm.workdir, "eval.json"), settings=settings,
+                       rows=harness.summarize(examples), results=examples, meta={})
+    return arm
+
+
+def test_arm_numbers_from_files_the_loop_and_eval_write(tmp_path):
+    """The last 50 steps' mean loss; the answer NLL and suite accuracy over the synthetic
+    examples only (the held-out text's documents carry NLLs too), the accuracy weighing each
+    example the same (tasks of 3 and 1 examples); budgets are the shards' (not the step's
+    bucket) and a move is any budget off the base, down as well as up."""
+    rng = np.random.default_rng()
+    losses_T = rng.uniform(1.0, 4.0, 60)
+    budgets_TS = rng.integers(3, 6, (60, 2))
+    budgets_TS[0] = (3, 5)  # one move each way
+    synthetic = [("needle", "800", 1.0), ("needle", "1600", 0.0), ("needle", "1600", 0.0),
+                 ("vartrack", "800", 1.0)]
+    nll_synthetic, nll_text = rng.uniform(0.5, 3.0, 4), rng.uniform(2.0, 6.0, 2)
+    examples = [harness.ExampleResult("synthetic", t, b, s, float(n), None)
+                for (t, b, s), n in zip(synthetic, nll_synthetic)]
+    examples += [harness.ExampleResult("text", "heldout_wiki", b, 0.0, float(n), None)
+                 for b, n in zip(("800", "1600"), nll_text)]
+    result = study.arm_result(_harness_arm(tmp_path, losses_T, budgets_TS, examples, base=4))
+    assert result["steps"] == 60
+    assert result["train_loss"] == pytest.approx(sum(losses_T[10:]) / 50, rel=1e-12)
+    assert result["text_nll"] == round((nll_text[0] + nll_text[1]) / 2, 4)
+    assert result["answer_nll"] == pytest.approx(sum(nll_synthetic) / 4, rel=1e-12)
+    assert result["accuracy"] == {"needle": 33.33, "vartrack": 100.0}
+    assert result["suite_accuracy"] == 50.0  # 2 of 4 examples, not (33.33 + 100) / 2
+    assert result["mean_budget"] == pytest.approx(budgets_TS.sum() / 120, rel=1e-12)
+    assert result["moved_share"] == pytest.approx(np.count_nonzero(budgets_TS != 4) / 120,
+                                                  rel=1e-12)
+
