@@ -188,3 +188,78 @@ def test_arm_numbers_from_files_the_loop_and_eval_write(tmp_path):
     assert result["moved_share"] == pytest.approx(np.count_nonzero(budgets_TS != 4) / 120,
                                                   rel=1e-12)
 
+
+def test_summary_per_method_over_three_seeds():
+    """Methods in first-seen order, each over its own arms only: mean and half the range
+    (not the standard deviation, which two seeds cannot tell apart from it)."""
+    rng = np.random.default_rng()
+    keys = ("train_loss", "text_nll", "answer_nll", "suite_accuracy")
+    results = []
+    for method, seed in (("moba", 0), ("dense", 0), ("moba", 1), ("dense", 1), ("moba", 2)):
+        row = {k: float(v) for k, v in zip(keys, rng.uniform(0.0, 5.0, 4))}
+        results.append(dict(row, method=method, seed=seed,
+                            accuracy={"needle": float(rng.uniform(0, 100))}))
+    rows = study.summarize_arms(results)
+    assert [(r["method"], r["seeds"]) for r in rows] == [("moba", [0, 1, 2]), ("dense", [0, 1])]
+    for row in rows:
+        arms = [r for r in results if r["method"] == row["method"]]
+        for key in keys:
+            vals = [r[key] for r in arms]
+            assert row[key] == pytest.approx((sum(vals) / len(vals), (max(vals) - min(vals)) / 2),
+                                             rel=1e-12), (row["method"], key)
+        vals = [r["accuracy"]["needle"] for r in arms]
+        assert row["accuracy"]["needle"] == pytest.approx(
+            (sum(vals) / len(vals), (max(vals) - min(vals)) / 2), rel=1e-12)
+
+
+_ARMS = [  # moba's two seeds around dense's one; dense's report predates the moved share
+    {"method": "moba", "seed": 0, "steps": 700, "train_loss": 1.2, "text_nll": 2.5,
+     "answer_nll": 1.75, "accuracy": {"needle": 50.0, "vartrack": 25.0}, "suite_accuracy": 37.5,
+     "mean_budget": 4.25, "moved_share": 0.25},
+    {"method": "dense", "seed": 0, "steps": 700, "train_loss": 1.0, "text_nll": 2.0,
+     "answer_nll": 1.5, "accuracy": {"needle": 100.0, "vartrack": 50.0}, "suite_accuracy": 75.0,
+     "mean_budget": 4.0},
+    {"method": "moba", "seed": 1, "steps": 700, "train_loss": 1.4, "text_nll": 2.7,
+     "answer_nll": 1.25, "accuracy": {"needle": 75.0, "vartrack": 0.0}, "suite_accuracy": 37.5,
+     "mean_budget": 3.5, "moved_share": 0.5},
+]
+_SUMMARY = [
+    {"method": "moba", "seeds": [0, 1], "train_loss": (1.3, 0.1), "text_nll": (2.6, 0.1),
+     "answer_nll": (1.5, 0.25), "accuracy": {"needle": (62.5, 12.5), "vartrack": (12.5, 12.5)},
+     "suite_accuracy": (37.5, 0.0)},
+    {"method": "dense", "seeds": [0], "train_loss": (1.0, 0.0), "text_nll": (2.0, 0.0),
+     "answer_nll": (1.5, 0.0), "accuracy": {"needle": (100.0, 0.0), "vartrack": (50.0, 0.0)},
+     "suite_accuracy": (75.0, 0.0)},
+]
+_TABLE = """\
+| method | seed | steps | train loss | held-out text NLL | answer NLL | needle | vartrack | suite acc. | mean budget | budgets moved |
+|---|---|---|---|---|---|---|---|---|---|---|
+| moba | 0 | 700 | 1.200 | 2.500 | 1.750 | 50.0 | 25.0 | 37.5 | 4.25 | 25% |
+| dense | 0 | 700 | 1.000 | 2.000 | 1.500 | 100.0 | 50.0 | 75.0 | 4.00 | - |
+| moba | 1 | 700 | 1.400 | 2.700 | 1.250 | 75.0 | 0.0 | 37.5 | 3.50 | 50% |
+| **moba** (mean +- half-range) | 2 seeds | | 1.300 +- 0.100 | 2.600 +- 0.100 | 1.500 +- 0.250 | 62.5 +- 12.5 | 12.5 +- 12.5 | 37.5 +- 0.0 | | |
+| **dense** (mean +- half-range) | 1 seeds | | 1.000 +- 0.000 | 2.000 +- 0.000 | 1.500 +- 0.000 | 100.0 +- 0.0 | 50.0 +- 0.0 | 75.0 +- 0.0 | | |
+"""  # noqa: E501
+
+
+def test_markdown_table_by_hand():
+    """Every cell of the arms' and the methods' lines in its column; the moved share in
+    percent, "-" where a report has none."""
+    assert study.format_markdown(_ARMS, _SUMMARY) == _TABLE
+
+
+def test_written_report_holds_arms_summary_and_table(tmp_path):
+    meta = {"settings": {"steps": 700}}
+    json_path, md_path = study.write_results(str(tmp_path), _ARMS, meta)
+    assert (json_path, md_path) == (str(tmp_path / "study.json"), str(tmp_path / "study.md"))
+    with open(json_path) as f:
+        report = json.load(f)
+    assert report["settings"] == meta["settings"] and report["arms"] == _ARMS
+    assert [(r["method"], r["seeds"]) for r in report["summary"]] == [("moba", [0, 1]),
+                                                                        ("dense", [0])]
+    for row, expected in zip(report["summary"], _SUMMARY):
+        for key in ("train_loss", "text_nll", "answer_nll", "suite_accuracy"):
+            assert row[key] == pytest.approx(list(expected[key]), rel=1e-12)
+    with open(md_path) as f:
+        assert f.read() == _TABLE
+
