@@ -3,6 +3,7 @@ come from each arm's metrics.jsonl and eval.json."""
 
 import json
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -263,3 +264,31 @@ def test_written_report_holds_arms_summary_and_table(tmp_path):
     with open(md_path) as f:
         assert f.read() == _TABLE
 
+
+def test_arms_run_logged_and_an_arm_killed_by_a_signal_fails_the_study(tmp_path, monkeypatch):
+    """Each arm's train and eval commands, logged (the command line first) and run without
+    GPU preallocation; an eval killed by a signal (a negative exit status, as from the OOM
+    killer) fails the study with its log's last 30 lines."""
+    report = "import os; print('preallocate', os.environ['XLA_PYTHON_CLIENT_PREALLOCATE'])"
+    killed = ("import os, signal\nfor i in range(40): print('line', i)\n"
+              "os.kill(os.getpid(), signal.SIGKILL)")
+
+    def commands(arm, settings):
+        return ([sys.executable, "-c", report],
+                [sys.executable, "-c", killed if arm.method == "killed" else "print('eval')"])
+
+    monkeypatch.setattr(study, "arm_commands", commands)
+    settings = study.StudySettings(preset="cpu", steps=1, suite_lengths=(), suite_per_cell=1,
+                                   text_per_cell=1, eval_batch_size=1)
+    env = {k: v for k, v in os.environ.items() if k != "XLA_PYTHON_CLIENT_PREALLOCATE"}
+    (arm,) = study.plan_arms(["dense"], [0], str(tmp_path))
+    study.run_study([arm], settings, parallel=1, env=env)
+    with open(os.path.join(arm.workdir, "train.log")) as f:
+        assert f.read() == f"{sys.executable} -c {report}\n\npreallocate false\n"
+    with open(os.path.join(arm.workdir, "eval.log")) as f:
+        assert f.read().endswith("\n\neval\n")
+    (arm,) = study.plan_arms(["killed"], [0], str(tmp_path))
+    with pytest.raises(RuntimeError, match="eval.log of .*killed-seed0 exited with -9") as error:
+        study.run_study([arm], settings, parallel=1, env=env)
+    tail = str(error.value).split("its last lines:\n")[1]
+    assert tail == "".join(f"line {i}\n" for i in range(10, 40))
