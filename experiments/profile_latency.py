@@ -28,7 +28,11 @@ def main(argv):
     from sparsebalance_jax import config as config_lib
     from sparsebalance_jax.balance import latency, profiling
 
-    cfg = config_lib.from_config_dict(_CONFIG.value)
+    # One layer on one device, whatever mesh the config trains on (the gpu preset's takes
+    # every device, -1, which only a training run resolves).
+    raw = _CONFIG.value.to_dict()
+    raw["mesh"] = {"data": 1, "fsdp": 1, "tensor": 1}
+    cfg = config_lib.from_config_dict(raw)
     block, seq_len = cfg.attention.block_size, cfg.data.seq_len
     lengths = ([int(n) for n in _LENGTHS.value] if _LENGTHS.value else
                [block * 2**i for i in range(int(np.log2(seq_len // block)) + 1)])
