@@ -399,7 +399,80 @@ def test_markdown_table_cells_follow_the_summary():
     results = {"w": {"rows": {"baseline": {"summary": s}, "+DST": {"summary": dict(s, speedup=2)}}}}
     lines = report.markdown_table(results).splitlines()
     assert lines[0] == "| " + " | ".join(report.TABLE_COLUMNS) + " |"
+    assert lines[1] == "|---" * 12 + "|" and len(lines) == 4  # a rule under each of 12 columns
     assert lines[2] == ("| w | baseline | 3 | 1.235 | 82.5 | 1.100 | 0.50 (0.61%) | 0.25 | 2 / 3 "
                         "| 4.50 | 0.900 | 0.012 |")
-    assert report.decision_table(results, ["+DST"]).splitlines()[2] == (
-        "| w | +DST | 82.5 | 2.000 | 0.50 (0.61%) | 0.25 |")
+    assert report.decision_table(results, ["+DST"]).splitlines()[1:] == [
+        "|---" * 6 + "|", "| w | +DST | 82.5 | 2.000 | 0.50 (0.61%) | 0.25 |"]
+
+
+def test_png_shows_each_rows_times_budgets_and_imbalances(tmp_path, monkeypatch):
+    """balance.report's figure from hand-made rows (2 workloads x 2 rows, 3 steps of 2 shards):
+    per row, the shards' times in ms over steps 1..3 with the step's max, and their budgets;
+    below, per (workload, row), the bars predicted before, predicted after and measured, side
+    by side in that order, on an axis from just under 1. The PNG is the figure at 90 dpi."""
+    import matplotlib.pyplot as plt
+
+    rng = np.random.default_rng()
+    keys = ("predicted_imbalance_before", "predicted_imbalance_after", "imbalance")
+    results = {}
+    for name in ("longalign", "chatqa2"):
+        rows = {}
+        for method in ("baseline", "+DST"):
+            steps = [{"measured_S": rng.uniform(0.01, 0.1, 2).tolist(),
+                      "budgets_S": rng.integers(2, 7, 2).tolist()} for _ in range(3)]
+            summary = dict(zip(keys, rng.uniform(1.0, 1.5, 3).tolist()))
+            rows[method] = {"steps": steps, "summary": summary}
+        results[name] = {"rows": rows}
+    figures = []
+    close = plt.close
+    monkeypatch.setattr(plt, "close", figures.append)
+    path = str(tmp_path / "bench.png")
+    report.write_png(path, results, "the title")
+    (fig,) = figures
+    try:
+        assert fig.get_suptitle() == "the title"
+        axes = iter(fig.axes)
+        for w, (name, workload) in enumerate(results.items()):
+            for c, (method, row) in enumerate(workload["rows"].items()):
+                measured_TS = 1e3 * np.array([r["measured_S"] for r in row["steps"]])
+                budgets_TS = np.array([r["budgets_S"] for r in row["steps"]])
+                times, budgets = next(axes), next(axes)
+                # The grid: times above budgets, a column per row; 5 x 2 cells in all.
+                for ax, grid_row in ((times, 2 * w), (budgets, 2 * w + 1)):
+                    spec = ax.get_subplotspec()
+                    assert (spec.rowspan, spec.colspan) == (range(grid_row, grid_row + 1),
+                                                            range(c, c + 1))
+                    assert spec.get_gridspec().get_geometry() == (5, 2)
+                assert times.get_title() == f"{name} / {method}"
+                *shards, top = times.get_lines()
+                for line, want_T in zip(shards + [top], [*measured_TS.T, measured_TS.max(1)]):
+                    np.testing.assert_array_equal(line.get_xdata(), [1, 2, 3])
+                    np.testing.assert_array_equal(line.get_ydata(), want_T)
+                assert len(shards) == 2 and top.get_label() == "max (step)"
+                lines = budgets.get_lines()
+                assert len(lines) == 2
+                for line, want_T in zip(lines, budgets_TS.T):
+                    np.testing.assert_array_equal(line.get_xdata(), [1, 2, 3])
+                    np.testing.assert_array_equal(line.get_ydata(), want_T)
+        bars = next(axes)
+        assert next(axes, None) is None
+        assert (bars.get_subplotspec().rowspan, bars.get_subplotspec().colspan) == (
+            range(4, 5), range(0, 2))
+        cells = [(n, m) for n in results for m in results[n]["rows"]]
+        assert [t.get_text() for t in bars.get_xticklabels()] == [f"{n}\n{m}" for n, m in cells]
+        assert [t.get_text() for t in bars.get_legend().get_texts()] == [
+            "predicted, base budget", "predicted, chosen budgets", "measured"]
+        for i, (key, container) in enumerate(zip(keys, bars.containers)):
+            assert [p.get_height() for p in container] == [
+                results[n]["rows"][m]["summary"][key] for n, m in cells]
+            centres = [p.get_x() + p.get_width() / 2 for p in container]
+            np.testing.assert_allclose(centres, np.arange(4) + (i - 1) * 0.27, atol=1e-12)
+        assert bars.get_ylim()[0] == pytest.approx(0.98, abs=1e-12)
+    finally:
+        close(fig)
+    with open(path, "rb") as f:
+        head = f.read(24)
+    assert head[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")
+    assert (width, height) == (round(4.2 * 2 * 90), round(3.0 * 5 * 90))
