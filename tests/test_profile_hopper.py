@@ -35,3 +35,24 @@ def test_cycles_per_item_by_region_and_role():
   # A role without epilogues: totals over the captured span (items 0, counted as one).
   assert wg1["items"] == 0 and wg1["gather"] == pytest.approx(3000)
   assert wg1["wait_rows_free"] == pytest.approx(1000) and wg1["other"] == pytest.approx(0)
+
+
+def test_cta_with_more_items_weighs_more_and_a_region_of_one_cta_counts_in_the_mean():
+  """One warpgroup role (the third of three: tid = 3 + 3 * cta) over two CTAs of 3000 cycles
+  each: one item (softmax 2000, epilogue 500) and three (wait_kv 200, softmax 300, epilogue
+  300 each). Per item means the role's cycles over its items, 6000 / 4, not the mean of each
+  CTA's own per-item time; wait_kv, absent from the first CTA, counts 0 there."""
+  events = _region(3, "softmax", 0, 2000) + _region(3, "epilogue", 2500, 3000)
+  for item in range(3):
+    t0 = item * 1000
+    events += (_region(6, "wait_kv", t0, t0 + 200) + _region(6, "softmax", t0 + 300, t0 + 600)
+               + _region(6, "epilogue", t0 + 700, t0 + 1000))
+  (role,) = summarize({"traceEvents": events}, warpgroups=3).items()
+  assert role[0] == "wg2"
+  s = role[1]
+  assert s["traces"] == 2 and s["items"] == 2
+  assert s["span"] == pytest.approx(6000 / 4)
+  assert s["softmax"] == pytest.approx((2000 + 900) / 4)
+  assert s["epilogue"] == pytest.approx((500 + 900) / 4)
+  assert s["wait_kv"] == pytest.approx(600 / 4)
+  assert s["other"] == pytest.approx((6000 - 2900 - 1400 - 600) / 4)
