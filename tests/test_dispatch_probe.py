@@ -71,6 +71,9 @@ def test_parse_options_reads_ints_and_strings_and_names_a_bad_entry():
   assert parse_options("xla_gpu_enable_command_buffer=") == {"xla_gpu_enable_command_buffer": ""}
   with pytest.raises(ValueError, match="'oops' is not name=value"):
     parse_options("a=1;oops")
+  assert parse_options("xla_gpu_autotune_level=-1") == {"xla_gpu_autotune_level": -1}
+  with pytest.raises(ValueError, match="'=4' is not name=value"):
+    parse_options("=4")
 
 
 def test_interleaved_times_every_call_each_round():
@@ -109,3 +112,48 @@ def test_kernel_kinds_from_trace_names():
            "moba_dkv_hopper_mosaic_gpu_kernel": "dkv", "cudnn_generated_fort_native_sdpa": "cudnn",
            "input_reduce_fusion_4": "xla"}
   assert {n: _kernel_kind(n) for n in names} == names
+
+
+def test_timeline_ranks_gaps_and_sums_them_by_neighbours():
+  """Kernels a 0-100, b 110-210, a 240-340, b 345-445, c 465-500 over two steps: gaps of 10
+  (a -> b), 30 (b -> a), 5 (a -> b) and 20 (b -> c); the top 3 gaps longest first, idle time
+  summed per neighbour pair (a -> b: 15) and ranked the same way. A host event overlapping a
+  gap's start is among what runs while the GPU waits."""
+  kernels = [("a", 0, 100), ("b", 110, 100), ("a", 240, 100), ("b", 345, 100), ("c", 465, 35)]
+  trace = {"traceEvents": _PROCESSES + [_x(2, 14, n, dur, ts) for n, ts, dur in kernels] + [
+      _x(1, 1, "memcpy", 15, ts=200), _x(1, 1, "cuLaunchKernel", 10, ts=215)]}
+  tl = timeline(trace, steps=2, top=3)
+  assert tl["span_ms_per_step"] == pytest.approx(0.250)
+  assert tl["busy_ms_per_step"] == pytest.approx(0.435 / 2)
+  assert tl["idle_ms_per_step"] == pytest.approx(0.065 / 2)
+  assert list(tl["idle_us_by_neighbours"].items()) == [
+      ("b -> a", pytest.approx(30.0)), ("b -> c", pytest.approx(20.0)),
+      ("a -> b", pytest.approx(15.0))]
+  assert [(g["gap_us"], g["before"], g["after"]) for g in tl["longest_gaps"]] == [
+      (pytest.approx(30.0), "b", "a"), (pytest.approx(20.0), "b", "c"),
+      (pytest.approx(10.0), "a", "b")]
+  assert sorted(tl["longest_gaps"][0]["host_events"]) == [("cuLaunchKernel", 1), ("memcpy", 1)]
+
+
+def test_sync_phases_of_a_trace_listed_out_of_time_order_with_two_streams():
+  """Three calls (dispatch, GPU span, wake-up: 40/500/20, 60/700/10, 50/600/30 us), the
+  trace's events listed latest first (a trace groups them by thread, not by time); each call
+  runs a long kernel on one stream and, starting after it, a short one on another that ends
+  first: the GPU span ends at the last kernel to end, not the last to start."""
+  events = []
+  for start, dispatch, gpu, wake in ((0, 40, 500, 20), (10_000, 60, 700, 10),
+                                     (20_000, 50, 600, 30)):
+    events += [_x(1, 1, "PjitFunction(step)", 30, ts=start),
+               _x(1, 1, "PjitFunction(step)", 20, ts=start + 5),
+               _x(2, 14, "long", gpu, ts=start + dispatch),
+               _x(2, 15, "short", 50, ts=start + dispatch + 10),
+               _x(1, 1, "$api.py:2757 block_until_ready", dispatch + gpu + wake - 30,
+                  ts=start + 30)]
+  phases = sync_phases({"traceEvents": _PROCESSES + [_meta(2, "Stream #15(Compute)", tid=15)]
+                        + events[::-1]})
+  assert phases["calls"] == 3
+  assert phases["dispatch"] == pytest.approx(0.050)
+  assert phases["gpu_span"] == pytest.approx(0.600)
+  assert phases["wake_up"] == pytest.approx(0.020)
+  assert phases["call"] == pytest.approx(0.680)  # of 0.560, 0.770, 0.680
+
