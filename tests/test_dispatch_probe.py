@@ -3,8 +3,10 @@ option parser and its interleaved timing on trivial calls."""
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
+from experiments import dispatch_probe
 from experiments.dispatch_probe import (interleaved, parse_options, pipeline_rounds, sync_phases,
                                        timeline)
 from tests.test_trace_moba import _meta, _x
@@ -157,3 +159,76 @@ def test_sync_phases_of_a_trace_listed_out_of_time_order_with_two_streams():
   assert phases["wake_up"] == pytest.approx(0.020)
   assert phases["call"] == pytest.approx(0.680)  # of 0.560, 0.770, 0.680
 
+
+def _clock(monkeypatch, name, seconds_by_fn):
+  """Replaces dispatch_probe's `name` timer: each call returns the next of its function's
+  seconds and is recorded as (function, keyword arguments)."""
+  left = {fn: iter(seconds) for fn, seconds in seconds_by_fn.items()}
+  asked = []
+
+  def timer(fn, *operands, **kwargs):
+    asked.append((fn, kwargs))
+    return next(left[fn])
+
+  monkeypatch.setattr(dispatch_probe, name, timer)
+  return asked
+
+
+def _two_calls():
+  return {"add": (jax.jit(lambda x: x + 1), (jnp.ones(4),)),
+          "mul": (jax.jit(lambda x: x * 2), (jnp.ones(4),))}
+
+
+def test_interleaved_summary_of_scripted_rounds(monkeypatch):
+  """Four rounds of scripted synchronised medians per call, timed in turn (add, mul, add, ...)
+  with `reps` repeats after one warm-up: the rounds in ms in round order, their median (of an
+  even count, the upper middle one, as sync_phases'), min and max."""
+  fns = _two_calls()
+  rng = np.random.default_rng()
+  seconds = {name: rng.uniform(1e-4, 1e-2, 4).tolist() for name in fns}
+  asked = _clock(monkeypatch, "time_call", {fns[n][0]: s for n, s in seconds.items()})
+  out = interleaved(fns, rounds=4, reps=3)
+  assert asked == [(fns[n][0], {"warmup": 1, "repeats": 3}) for _ in range(4) for n in fns]
+  for name, row in out.items():
+    ms = [1e3 * s for s in seconds[name]]
+    assert row["rounds_ms"] == ms
+    assert (row["min_ms"], row["median_ms"], row["max_ms"]) == (min(ms), sorted(ms)[2], max(ms))
+
+
+def test_timings_report_each_calls_synchronised_and_back_to_back_ms(monkeypatch):
+  fns = _two_calls()
+  rng = np.random.default_rng()
+  sync, pipe = rng.uniform(1e-4, 1e-2, (2, 2)).tolist()
+  asked_sync = _clock(monkeypatch, "time_call", {fns["add"][0]: [sync[0]],
+                                                 fns["mul"][0]: [sync[1]]})
+  asked_pipe = _clock(monkeypatch, "time_pipelined", {fns["add"][0]: [pipe[0]],
+                                                      fns["mul"][0]: [pipe[1]]})
+  out = dispatch_probe.timings(fns, reps=7)
+  assert out == {"add": {"sync_ms": 1e3 * sync[0], "pipelined_ms": 1e3 * pipe[0]},
+                 "mul": {"sync_ms": 1e3 * sync[1], "pipelined_ms": 1e3 * pipe[1]}}
+  assert [kw for _, kw in asked_sync] == [{"warmup": 2, "repeats": 7}] * 2
+  assert [kw for _, kw in asked_pipe] == [{"calls": 20, "repeats": 3}] * 2
+
+
+def test_pipeline_rounds_read_the_gpu_timeline_per_step(monkeypatch):
+  """With the trace's GPU kernels given (fwd 0-100, dq 100-300, an XLA fusion 320-400 us for
+  4 calls) and the clocks scripted: per step, the span, busy and idle time and each kernel
+  kind's time in ms; back-to-back and synchronised times in ms."""
+  fns = {"add": _two_calls()["add"]}
+  fn = fns["add"][0]
+  rng = np.random.default_rng()
+  sync, pipe = rng.uniform(1e-4, 1e-2, (2, 2)).tolist()
+  _clock(monkeypatch, "time_call", {fn: sync})
+  asked_pipe = _clock(monkeypatch, "time_pipelined", {fn: pipe})
+  kernels = [(0.0, 100.0, "moba_fwd_kernel"), (100.0, 300.0, "moba_dq_kernel"),
+             (320.0, 400.0, "input_fusion")]
+  monkeypatch.setattr(dispatch_probe, "stream_kernels", lambda trace: kernels)
+  (rows,) = pipeline_rounds(fns, rounds=2, calls=4).values()
+  assert [kw for _, kw in asked_pipe] == [{"calls": 4, "repeats": 1}] * 2
+  for row, s, p in zip(rows, sync, pipe):
+    assert row["pipelined_ms"] == 1e3 * p and row["sync_ms"] == 1e3 * s
+    assert row["span_ms_per_step"] == pytest.approx(0.400 / 4)
+    assert row["busy_ms_per_step"] == pytest.approx(0.380 / 4)
+    assert row["idle_ms_per_step"] == pytest.approx(0.020 / 4)
+    assert row["kernel_ms_by_kind"] == pytest.approx({"fwd": 0.025, "dq": 0.050, "xla": 0.020})
+    assert row["traced_wall_ms"] > 0
