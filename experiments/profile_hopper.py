@@ -45,8 +45,9 @@ _ITEM_END = "epilogue"
 
 def summarize(trace: dict, warpgroups: int) -> dict:
   """{role: {"items": mean items per CTA, "span": mean cycles per item, region: mean cycles
-  per item, "other": the rest}} over the CTAs of one kernel's trace. A trace's tid is
-  1 + wg + warpgroups * cta."""
+  per item, "other": the rest}} over the CTAs of one kernel's trace: a role's cycles summed over
+  its CTAs divided by its items summed over them (per CTA where it captured no item). A trace's
+  tid is 1 + wg + warpgroups * cta."""
   per_trace: dict[int, list] = collections.defaultdict(list)
   for e in trace["traceEvents"]:
     per_trace[e["tid"]].append(e)
@@ -68,7 +69,7 @@ def summarize(trace: dict, warpgroups: int) -> dict:
   for role, rows in sorted(roles.items()):
     items = np.mean([n for _, _, n in rows])
     names = sorted({name for _, totals, _ in rows for name in totals})
-    per_item = max(items, 1.0)
+    per_item = items if items > 0 else 1.0
     summary = {"traces": len(rows), "items": float(items),
                "span": float(np.mean([s for s, _, _ in rows])) / per_item}
     for name in names:

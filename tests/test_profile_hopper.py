@@ -56,3 +56,15 @@ def test_cta_with_more_items_weighs_more_and_a_region_of_one_cta_counts_in_the_m
   assert s["epilogue"] == pytest.approx((500 + 900) / 4)
   assert s["wait_kv"] == pytest.approx(600 / 4)
   assert s["other"] == pytest.approx((6000 - 2900 - 1400 - 600) / 4)
+
+
+def test_a_role_with_fewer_items_than_ctas_divides_by_its_items():
+  """Two CTAs of one role (the only one: warpgroups=1), one with an item of 1000 cycles
+  (softmax 600, epilogue 400), one that captured none (1000 cycles of softmax): 2000 cycles over
+  one item, not the mean CTA's 1000."""
+  events = (_region(1, "softmax", 0, 600) + _region(1, "epilogue", 600, 1000)
+            + _region(2, "softmax", 0, 1000))
+  ((_, s),) = summarize({"traceEvents": events}, warpgroups=1).items()
+  assert s["items"] == 0.5
+  assert s["span"] == pytest.approx(2000)
+  assert s["softmax"] == pytest.approx(1600) and s["epilogue"] == pytest.approx(400)
