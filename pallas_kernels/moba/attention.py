@@ -167,8 +167,9 @@ _moba_core.defvjp(_moba_fwd, _moba_bwd)
 
 
 # Whether the layout ranks by kv_layout.tile_read_ranks' kernel where it fits (else by the
-# running count of kv_layout._read_ranks, XLA only). The same layout either way (tested); off
-# until the two are timed against each other on the H200 (benchmarks/h200/session33/call1.sh).
+# running count of kv_layout._read_ranks, XLA only). The same layout either way (tested); off:
+# on the H200 the step at 16/16 x 128, S=32K, block 512, top-3 ran 0.117 ms slower with it
+# (BENCHMARKS.md, "The layout's ranks by a tile kernel").
 _TILE_RANKS = False
 
 
