@@ -93,3 +93,19 @@ kernel_ab() {
 pack_out() {
   tar -czf /tmp/results.tgz -C "$OUT" . && rm -rf "${OUT:?}"/* && mv /tmp/results.tgz "$OUT/"
 }
+
+# tile_ranks_on [TOKENS WARPS]: the tree as it is kept in /tmp/ab_count (the running count's
+# ranks, the default), then the working tree's layout ranked by kv_layout.tile_read_ranks
+# (attention._TILE_RANKS on), at TOKENS tokens a program on WARPS warps where given; fails if a
+# switch is not where it is looked for.
+tile_ranks_on() {
+  rm -rf /tmp/ab_count && mkdir -p /tmp/ab_count
+  cp -r pallas_kernels experiments sparsebalance_jax /tmp/ab_count/
+  sed -i 's/^_TILE_RANKS = False$/_TILE_RANKS = True/' pallas_kernels/moba/attention.py
+  grep -q "^_TILE_RANKS = True$" pallas_kernels/moba/attention.py || return 1
+  [ $# -eq 0 ] && return 0
+  sed -i "s/^TILE_RANK_TOKENS = [0-9]*$/TILE_RANK_TOKENS = $1/; s/^TILE_RANK_WARPS = [0-9]*$/TILE_RANK_WARPS = $2/" \
+      pallas_kernels/moba/kv_layout.py
+  grep -q "^TILE_RANK_TOKENS = $1$" pallas_kernels/moba/kv_layout.py &&
+      grep -q "^TILE_RANK_WARPS = $2$" pallas_kernels/moba/kv_layout.py
+}

@@ -12,14 +12,7 @@
 set -uo pipefail
 OUT=${OUT:?}
 source experiments/h200/lib.sh
-rm -rf /tmp/ab_count && mkdir -p /tmp/ab_count
-cp -r pallas_kernels experiments sparsebalance_jax /tmp/ab_count/
-sed -i 's/^_TILE_RANKS = False$/_TILE_RANKS = True/' pallas_kernels/moba/attention.py
-sed -i 's/^TILE_RANK_TOKENS = 64$/TILE_RANK_TOKENS = 32/; s/^TILE_RANK_WARPS = 4$/TILE_RANK_WARPS = 2/' \
-    pallas_kernels/moba/kv_layout.py
-grep -c "^_TILE_RANKS = True" pallas_kernels/moba/attention.py || exit 1
-grep -c "^TILE_RANK_TOKENS = 32" pallas_kernels/moba/kv_layout.py || exit 1
-grep -c "^TILE_RANK_WARPS = 2" pallas_kernels/moba/kv_layout.py || exit 1
+tile_ranks_on 32 2 || exit 1
 gpu_tests 150 tests/test_moba_gate.py -m gpu -k tile_ranks
 HLO=1 TREES="/tmp/ab_count ." ab_pair 2
 bench_top3
