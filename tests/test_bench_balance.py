@@ -275,27 +275,37 @@ def _dst_run_inputs(steps, num_docs):
     return model, setup, batches
 
 
+class _ModelDevice:
+    """A runner for _dst_run_inputs' four shards whose device takes `scale` times the latency
+    model's prediction at the budget each shard ran, and whose coverage report (read at every
+    budget 1..12) is `report_SK`."""
+
+    def __init__(self, model, scale, report_SK):
+        self.model, self.scale, self.report_SK = model, scale, report_SK
+
+    def decision_coverage(self, batch, repeats):
+        return np.ones((4, 8)), 0.0
+
+    def shard_coverage(self, batch, use):
+        assert use == "report"
+        return self.report_SK
+
+    def measure_step(self, batch, budgets_S, bucket, setup, used):
+        seconds_S = self.scale * np.array([
+            self.model.predict(batch["doc_lengths"][s, 0], int(budgets_S[s]), padded_tokens=1024)
+            for s in range(4)])
+        return dict(measured_SM=seconds_S[:, None].tolist(), measured_S=seconds_S.tolist(),
+                    step_seconds=seconds_S.max())
+
+
 def test_the_ema_learns_from_the_prediction_at_the_budgets_that_ran():
     """run_method feeds the tuner each shard's measured time against the uncorrected
     prediction at the budget the shard ran, not at the base: with a device exactly 3x the
     latency model at every budget, the corrected predictions are exact from the second step
     on, budgets moved or not."""
     model, setup, batches = _dst_run_inputs(steps=4, num_docs=60)
-
-    class Runner:
-        def decision_coverage(self, batch, repeats):
-            return np.ones((4, 8)), 0.0
-
-        def shard_coverage(self, batch, use):
-            return np.ones((4, 12))
-
-        def measure_step(self, batch, budgets_S, bucket, setup, used):
-            seconds_S = np.array([model.predict(batch["doc_lengths"][s, 0], int(budgets_S[s]),
-                                                padded_tokens=1024) for s in range(4)])
-            return dict(measured_SM=(3 * seconds_S)[:, None].tolist(),
-                        measured_S=(3 * seconds_S).tolist(), step_seconds=3 * seconds_S.max())
-
-    out = simulate.run_method(simulate.Method("+DST", "random", True), batches, setup, Runner(),
+    runner = _ModelDevice(model, scale=3.0, report_SK=np.ones((4, 12)))
+    out = simulate.run_method(simulate.Method("+DST", "random", True), batches, setup, runner,
                               model, log=lambda _: None)
     steps = out["steps"]
     assert any(b != 8 for r in steps[:-1] for b in r["budgets_S"])  # the tuner moved budgets
@@ -337,21 +347,8 @@ def test_a_step_reports_the_coverage_at_the_budget_each_shard_ran():
     """run_method reads the report's coverage column k - 1 for a shard at budget k (a probe
     whose column j reads (j + 1) / 100 gives budget / 100)."""
     model, setup, batches = _dst_run_inputs(steps=3, num_docs=40)
-
-    class Runner:
-        def decision_coverage(self, batch, repeats):
-            return np.ones((4, 8)), 0.0
-
-        def shard_coverage(self, batch, use):
-            assert use == "report"
-            return np.tile(np.arange(1, 13) / 100, (4, 1))
-
-        def measure_step(self, batch, budgets_S, bucket, setup, used):
-            seconds_S = np.array([model.predict(batch["doc_lengths"][s, 0], int(budgets_S[s]),
-                                                padded_tokens=1024) for s in range(4)])
-            return dict(measured_S=seconds_S.tolist(), step_seconds=seconds_S.max())
-
-    out = simulate.run_method(simulate.Method("+DST", "random", True), batches, setup, Runner(),
+    runner = _ModelDevice(model, scale=1.0, report_SK=np.tile(np.arange(1, 13) / 100, (4, 1)))
+    out = simulate.run_method(simulate.Method("+DST", "random", True), batches, setup, runner,
                               model, log=lambda _: None)
     assert any(b != 8 for r in out["steps"] for b in r["budgets_S"])  # budgets moved
     for r in out["steps"]:

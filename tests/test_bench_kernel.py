@@ -69,10 +69,10 @@ def test_point_inputs_take_the_batch():
 
 
 def _fake_clocks(monkeypatch, sync_ms, pipe_ms, span_ms):
-  """bench_kernel's three clocks replaced by fixed readings (ms), the synchronised one by the
-  number of operands of the call it times (the calls are then never run)."""
+  """bench_kernel's three clocks replaced by fixed readings (ms), the synchronised one by
+  sync_ms(*operands) of the call it times (the calls are then never run)."""
   monkeypatch.setattr(bench_kernel, "INTERPRET", True)
-  monkeypatch.setattr(bench_kernel, "timeit", lambda fn, *args, reps: sync_ms[len(args)])
+  monkeypatch.setattr(bench_kernel, "timeit", lambda fn, *args, reps: sync_ms(*args))
   monkeypatch.setattr(bench_kernel, "timeit_pipelined", lambda fn, *args: pipe_ms)
   monkeypatch.setattr(bench_kernel, "device_span", lambda fn, *args, reps: span_ms)
   return bench_kernel
@@ -86,7 +86,8 @@ def test_rates_and_ratios_count_useful_pairs_per_clock(monkeypatch):
   0). Forward 4 * D per pair, forward+backward 3.5x that; each ratio to cuDNN takes the same
   clock's reading on both sides."""
   b, t, block, hq, hkv, d = 2, 128, 32, 4, 2, 16
-  bk = _fake_clocks(monkeypatch, {3: 2.0, 4: 5.0}, pipe_ms=4.0, span_ms=3.0)
+  bk = _fake_clocks(monkeypatch, lambda *args: {3: 2.0, 4: 5.0}[len(args)], pipe_ms=4.0,
+                    span_ms=3.0)
   c = bk.bench_cudnn(t, hq, hkv, d, reps=1, batch=b)
   dense = b * hq * t * (t + 1) // 2
   assert dense == 2 * 4 * 8256
@@ -96,7 +97,8 @@ def test_rates_and_ratios_count_useful_pairs_per_clock(monkeypatch):
   assert c["fwdbwd_pipe_tflops"] == pytest.approx(3.5 * flops / 4e-3 / 1e12, rel=1e-12)
   assert c["fwdbwd_span_tflops"] == pytest.approx(3.5 * flops / 3e-3 / 1e12, rel=1e-12)
   # MoBA: forward 1 ms (4 operands with the budget), forward+backward 2 ms (5), gate 0.1 (3).
-  bk = _fake_clocks(monkeypatch, {4: 1.0, 5: 2.0, 3: 0.1}, pipe_ms=1.0, span_ms=2.0)
+  bk = _fake_clocks(monkeypatch, lambda *args: {4: 1.0, 5: 2.0, 3: 0.1}[len(args)],
+                    pipe_ms=1.0, span_ms=2.0)
   rows = bk.bench_moba(t, block, [4, 1, 2], 4, hq, hkv, d, bk.MobaBlockSizes(), reps=1, batch=b)
   own = block * (block + 1) // 2  # 528: a block's causal pairs with itself
   pairs = {4: dense, 1: b * hq * 4 * own, 2: b * hq * (own + 3 * (block * block + own))}
@@ -134,17 +136,14 @@ def test_main_fits_the_sweep_over_every_budget(tmp_path, monkeypatch):
   R^2 = 1 - 6/654; forward+backward 2k + 1 ms, a line: R^2 = 1. Every sweep row carries its
   ratios to the run's cuDNN row."""
 
-  def sync(fn, *args, reps):
+  def sync(*args):
     budget = args[-1]
     if len(args) >= 4 and np.asarray(budget).dtype == np.int32:  # a MoBA call: (..., budget)
       k = int(np.asarray(budget)[0])
       return {4: k * k, 5: 2 * k + 1}[len(args)]
     return {1: 0.01, 3: 3.0, 4: 7.0}[len(args)]  # the floor; cuDNN forward, forward+backward
 
-  monkeypatch.setattr(bench_kernel, "INTERPRET", True)
-  monkeypatch.setattr(bench_kernel, "timeit", sync)
-  monkeypatch.setattr(bench_kernel, "timeit_pipelined", lambda fn, *args: 2.0)
-  monkeypatch.setattr(bench_kernel, "device_span", lambda fn, *args, reps: 1.5)
+  _fake_clocks(monkeypatch, sync, pipe_ms=2.0, span_ms=1.5)
   out = tmp_path / "bench.json"
   monkeypatch.setattr("sys.argv", ["bench_kernel", "--skip-check", "--interpret", "--heads",
                                    "tiny", "--seqs", "256", "--blocks", "64", "--ks", "2",

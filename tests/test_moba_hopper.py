@@ -152,6 +152,15 @@ def assert_outputs_close(got_o, want_o, rows, args, *, block_size, bs):
                           f"rounding allows; worst {np.max(np.abs(got - want) - bound):.3g} over")
 
 
+def assert_forward_close(got, want, rows, args, *, block_size, bs):
+  """The Hopper forward's (outputs, lse) against the Triton forward's on `rows`: lse to
+  float32's 1e-5, outputs as assert_outputs_close allows."""
+  (got_o, got_lse), (want_o, want_lse) = got, want
+  np.testing.assert_allclose(np.asarray(got_lse)[rows], np.asarray(want_lse)[rows],
+                             rtol=1e-5, atol=1e-5, equal_nan=False)
+  assert_outputs_close(got_o, want_o, rows, args, block_size=block_size, bs=bs)
+
+
 @pytest.mark.parametrize("hq, hkv, block_size, overlap, pingpong, block_kv", [
     (3, 1, 128, True, False, 64), (4, 4, 64, False, True, 64), (2, 2, 256, False, False, 64),
     (2, 1, 256, False, False, 128)])
@@ -192,9 +201,8 @@ def test_rows_match_triton_forward(hq, hkv, block_size, overlap, pingpong, block
                                 np.asarray(hopper.sorted_rows(q_BSD, layout))[real_BGL])
   # A used item's padding rows hold rows of q too (which ones, _half_plans says).
   assert np.isfinite(np.asarray(got_q, np.float32)[item_rows_BGL]).all()
-  np.testing.assert_allclose(np.asarray(got_lse)[real_BGL], np.asarray(want_lse)[real_BGL],
-                             rtol=1e-5, atol=1e-5, equal_nan=False)
-  assert_outputs_close(got_o, want_o, real_BGL, args, block_size=block_size, bs=tiles)
+  assert_forward_close((got_o, got_lse), (want_o, want_lse), real_BGL, args,
+                       block_size=block_size, bs=tiles)
 
 
 def test_forward_rescales_where_row_maxima_rise():
@@ -211,9 +219,8 @@ def test_forward_rescales_where_row_maxima_rise():
   got_o, got_lse = hopper.moba_forward_rows(*args, block_size=block_size, bs=HOPPER,
                                             block_kv=block_kv, num_ctas=3, interpret=True)
   _, real_BGL = used_item_rows(layout)
-  np.testing.assert_allclose(np.asarray(got_lse)[real_BGL], np.asarray(want_lse)[real_BGL],
-                             rtol=1e-5, atol=1e-5, equal_nan=False)
-  assert_outputs_close(got_o, want_o, real_BGL, args, block_size=block_size, bs=tiles)
+  assert_forward_close((got_o, got_lse), (want_o, want_lse), real_BGL, args,
+                       block_size=block_size, bs=tiles)
 
 
 def test_half_ending_on_a_key_tiles_first_key_takes_that_tile():
@@ -238,9 +245,8 @@ def test_half_ending_on_a_key_tiles_first_key_takes_that_tile():
                                             block_kv=block_kv, num_ctas=2, pingpong=False,
                                             half_steps=True, interpret=True)
   _, real_BGL = used_item_rows(layout)
-  np.testing.assert_allclose(np.asarray(got_lse)[real_BGL], np.asarray(want_lse)[real_BGL],
-                             rtol=1e-5, atol=1e-5, equal_nan=False)
-  assert_outputs_close(got_o, want_o, real_BGL, args, block_size=block_size, bs=tiles)
+  assert_forward_close((got_o, got_lse), (want_o, want_lse), real_BGL, args,
+                       block_size=block_size, bs=tiles)
 
 
 def test_gathered_halves_that_start_inside_a_token_across_gaps():
@@ -276,9 +282,8 @@ def test_gathered_halves_that_start_inside_a_token_across_gaps():
   _, real_BGL = used_item_rows(layout)
   np.testing.assert_array_equal(np.asarray(got_q)[real_BGL],
                                 np.asarray(hopper.sorted_rows(args[0], layout))[real_BGL])
-  np.testing.assert_allclose(np.asarray(got_lse)[real_BGL], np.asarray(want_lse)[real_BGL],
-                             rtol=1e-5, atol=1e-5, equal_nan=False)
-  assert_outputs_close(got_o, want_o, real_BGL, args, block_size=block_size, bs=HOPPER)
+  assert_forward_close((got_o, got_lse), (want_o, want_lse), real_BGL, args,
+                       block_size=block_size, bs=HOPPER)
 
 
 def test_gather_rows_match_xla_gather():
@@ -526,9 +531,8 @@ def test_persistent_full_items_match_triton_forward():
   assert not gpu_callbacks.get_races().races_found
   real = np.repeat(np.asarray(layout.chunk_block_BGC) >= 0, 64, axis=-1) & (
       np.asarray(layout.row_seg_BGL) != 0)
-  np.testing.assert_allclose(np.asarray(got_lse)[real], np.asarray(want_lse)[real],
-                             rtol=1e-5, atol=1e-5, equal_nan=False)
-  assert_outputs_close(got_o, want_o, real, args, block_size=block_size, bs=HOPPER)
+  assert_forward_close((got_o, got_lse), (want_o, want_lse), real, args,
+                       block_size=block_size, bs=HOPPER)
 
 
 def test_attention_with_mosaic_kernels_matches_reference():
