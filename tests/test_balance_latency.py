@@ -190,6 +190,59 @@ def test_table_time_never_falls_as_the_budget_rises():
     assert np.all(np.diff(at_K) >= 0)
 
 
+def test_table_time_never_falls_as_the_length_rises():
+    # A longer document is never less work either: after each row's fit, a column that falls
+    # with the length is carried at its running maximum (the rows stay non-decreasing).
+    lengths = (16, 32, 64)
+    table = latency.LatencyTable(
+        device_kind="cpu", shape=SHAPE, lengths=lengths, budgets=(1, 2),
+        seconds_LK=((1.0, 2.0), (2.0, 2.5), (1.5, 3.0)), pad_seconds_L=_pad(lengths))
+    assert table.fitted_seconds_LK == ((1.0, 2.0), (2.0, 2.5), (2.0, 3.0))
+    model = latency.ProfiledLatencyModel(table)
+    # Past the table the extension is flat at budget 1, where the raw last segment fell (to
+    # below zero by 192 tokens): 2.0 at any length; budget 2 rises by 0.5 per 32 tokens.
+    np.testing.assert_allclose(model.doc_seconds(np.array([64, 96, 6400]), 1), [2.0] * 3,
+                               rtol=1e-12)
+    np.testing.assert_allclose(model.doc_seconds(np.array([96, 6400]), 2), [3.5, 3.0 + 99],
+                               rtol=1e-12)
+
+
+def test_extending_past_the_table_keeps_latency_rising_with_the_budget():
+    # The longer length's time rose less with k than the shorter one's (timing noise), so the
+    # last segment's raw slopes per 16 tokens, (1.0, 0.6, 0.2), fall with k: extended linearly,
+    # a 128-token document would read 6.0 / 4.5 / 3.0 at budgets 1 / 2 / 4. The slopes are
+    # made non-decreasing (a falling run takes its mean, 0.6), so it reads 4.4 / 4.5 / 4.6.
+    lengths = (48, 64)
+    table = latency.LatencyTable(
+        device_kind="cpu", shape=SHAPE, lengths=lengths, budgets=(1, 2, 4),
+        seconds_LK=((1.0, 1.5, 2.0), (2.0, 2.1, 2.2)), pad_seconds_L=_pad(lengths))
+    model = latency.ProfiledLatencyModel(table)
+    np.testing.assert_allclose(model.doc_seconds(np.array([128]), np.array([1, 2, 4])),
+                               [4.4, 4.5, 4.6], rtol=1e-12)
+    # Inside the table nothing changes: the measured rows at their lengths and between them.
+    np.testing.assert_allclose(model.doc_seconds(np.array([48, 56, 64]), 2), [1.5, 1.8, 2.1],
+                               rtol=1e-12)
+
+
+def test_noisy_tables_predict_latency_rising_with_length_and_budget():
+    # Whatever noise a profile holds, the model's predictions rise (weakly) with the budget and
+    # the length, inside the table and past it, and stay positive.
+    rng = np.random.default_rng()
+    lengths, budgets = (64, 128, 256, 512), (1, 2, 4, 8)
+    grid_n = np.arange(0, 4097, 16)
+    grid_k = np.linspace(1, 8, 29)
+    for _ in range(20):
+        seconds = rng.uniform(0.5, 4.0, size=(len(lengths), len(budgets)))
+        table = latency.LatencyTable(
+            device_kind="cpu", shape=SHAPE, lengths=lengths, budgets=budgets,
+            seconds_LK=tuple(map(tuple, seconds)), pad_seconds_L=_pad(lengths, 0.1))
+        model = latency.ProfiledLatencyModel(table)
+        nk = model.doc_seconds(grid_n[:, None], grid_k[None, :])
+        assert np.all(nk[1:] >= 0), seconds
+        assert np.all(np.diff(nk, axis=0) >= -1e-12), seconds
+        assert np.all(np.diff(nk, axis=1) >= -1e-12), seconds
+
+
 def test_checked_in_tables_load_and_hold_what_the_model_assumes():
     # The tables the GPU runs read. What construction does not impose (rows are made
     # non-decreasing in k, the call's part clipped): the time rises with the length at every

@@ -269,6 +269,32 @@ def test_tuner_uses_ema_correction_and_state_round_trips():
         t.decide(BASE, table[:, :BUCKETS[-1]])  # no column for k_max
 
 
+def test_what_the_rule_cannot_read_is_an_error_not_a_kept_budget():
+    table, fn = _table(np.array([1.0, 3.0]))
+    t = tuner.Tuner(_config(), num_units=2, history=4)
+    lo, hi = tuner.budget_bounds(BASE, t.config.p, t.config.k_max)
+    # A table priced over a narrower range than the bounds: NaN compares False, so the rule
+    # would keep every unit at the base without a word.
+    for k in (lo, BASE, hi):
+        unpriced = table.copy()
+        unpriced[:, k] = np.nan
+        with pytest.raises(ValueError, match=f"budgets {lo}..{hi} .*base budget {BASE}"):
+            t.decide(BASE, unpriced)
+    outside = table.copy()
+    outside[:, hi + 1:] = np.nan
+    outside[:, :lo] = np.nan
+    t.decide(BASE, outside)  # what the rule never reads may be unpriced
+    # A coverage curve shorter than the budgets the floor asks about.
+    coverage_SK = np.ones((2, 10))
+    with pytest.raises(ValueError, match=r"budgets 1..10; the rule asked for budget 14"):
+        tuner.decide(table[:, BASE], BASE, coverage_SK, fn, _config(coverage_floor=0.9))
+    # A saved state whose imbalance history does not fit this tuner.
+    state = t.state_dict()
+    state["history_imbalance_H2"] = [[1.0]]
+    with pytest.raises(ValueError, match=r"history_imbalance_H2 has shape \(1, 1\)"):
+        tuner.Tuner(_config(), num_units=2, history=4).load_state_dict(state)
+
+
 def test_table_priced_only_within_the_bounds_gives_the_same_decisions():
     from sparsebalance_jax.balance.latency import AnalyticLatencyModel, LayerShape
 

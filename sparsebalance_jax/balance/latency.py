@@ -234,7 +234,9 @@ class LatencyTable:
     interpolates, is each length's row made non-decreasing in the budget (`_non_decreasing`): a
     larger budget never does less work (a query attends to min(k, its blocks) blocks), so a dip
     is timing noise, and the tuner's scans rely on latency not falling as k rises (`tuner`,
-    rule 2).
+    rule 2); then each budget's column is carried at its running maximum over lengths (a longer
+    document never does less work either; the maximum of non-decreasing rows is one, so both
+    hold).
     """
 
     device_kind: str
@@ -254,7 +256,9 @@ class LatencyTable:
             raise ValueError(f"table seconds must be positive, shape "
                              f"{(len(self.lengths), len(self.budgets))}, got {arr.shape}")
         object.__setattr__(self, "seconds_LK", tuple(tuple(float(x) for x in row) for row in arr))
-        fitted = tuple(_non_decreasing(row) for row in arr)
+        fitted_LK = np.maximum.accumulate(
+            np.array([_non_decreasing(row) for row in arr]), axis=0)
+        fitted = tuple(tuple(float(x) for x in row) for row in fitted_LK)
         object.__setattr__(self, "fitted_seconds_LK", fitted)
         pad_L = np.asarray(self.pad_seconds_L, dtype=np.float64)
         if pad_L.shape != (len(self.lengths),) or not np.all(pad_L > 0):
@@ -345,7 +349,8 @@ class ProfiledLatencyModel(LatencyModel):
     A document's `doc_seconds` is its row's interpolated time minus `call_seconds` (the table's
     fixed part of a call), which `predict` adds back once per micro-batch. In length: a
     zero-length document adds nothing (a point added at n = 0), and past the longest profiled
-    length the last segment extends linearly. That holds only where the whole segment lies
+    length the last segment extends linearly (its slopes made non-decreasing in the budget,
+    `__init__`). That holds only where the whole segment lies
     past the causal triangle: from k - 1 blocks on every further query block attends to
     exactly k blocks (the blocks attended rise by k a block), so the segment's slope is MoBA
     attention's per-token cost only if its start, lengths[-2], is at least (k - 1) x
@@ -371,6 +376,15 @@ class ProfiledLatencyModel(LatencyModel):
         added_LK = np.asarray(table.fitted_seconds_LK, dtype=np.float64) - table.call_seconds
         self._seconds_LK = np.concatenate([np.zeros((1, added_LK.shape[1])), added_LK])
         self._budgets = np.asarray(table.budgets, dtype=np.float64)
+        # Past the longest length the last segment extends at its slope per budget made
+        # non-decreasing in the budget (_non_decreasing), so that the extension keeps latency
+        # from falling as k rises, as the rows inside the table do: where the longer length's
+        # time rose less with k than the shorter one's (timing noise), the raw slopes would
+        # fall with k and a long enough document would cost less at a larger budget. In the
+        # bilinear formula the segment's lower row is then this one, not the row below it.
+        span = self._lengths[-1] - self._lengths[-2]
+        slope_K = np.asarray(_non_decreasing((self._seconds_LK[-1] - self._seconds_LK[-2]) / span))
+        self._extend_from_K = self._seconds_LK[-1] - slope_K * span
 
     def fingerprint(self) -> str:
         return _digest(self.table.to_json_dict())
@@ -392,14 +406,18 @@ class ProfiledLatencyModel(LatencyModel):
         # Lengths and budgets are bracketed apart and meet in the bilinear formula, which
         # broadcasts: K budgets x N documents cost K + N lookups, not K * N.
         li, lw = _bracket(self._lengths, lengths_N)
+        past = lengths_N > self._lengths[-1]
         if len(self._budgets) == 1:
             column = self._seconds_LK[:, 0]
-            return np.broadcast_to(column[li] * (1 - lw) + column[li + 1] * lw,
+            below = np.where(past, self._extend_from_K[0], column[li])
+            return np.broadcast_to(below * (1 - lw) + column[li + 1] * lw,
                                    np.broadcast_shapes(lengths_N.shape, budget.shape))
         ki, kw = _bracket(self._budgets, budget)
         s = self._seconds_LK
         li_next, ki_next = li + 1, ki + 1
-        low = s[li, ki] + (s[li, ki_next] - s[li, ki]) * kw
+        e = self._extend_from_K
+        low = np.where(past, e[ki] + (e[ki_next] - e[ki]) * kw,
+                       s[li, ki] + (s[li, ki_next] - s[li, ki]) * kw)
         high = s[li_next, ki] + (s[li_next, ki_next] - s[li_next, ki]) * kw
         return low * (1 - lw) + high * lw
 

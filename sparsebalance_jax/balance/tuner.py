@@ -134,7 +134,10 @@ def _as_coverage_fn(coverage: np.ndarray | CoverageFn | None) -> CoverageFn | No
         raise ValueError(f"coverage_by_budget must be [units, k_max], got {coverage_SK.shape}")
 
     def fn(unit: int, budget: int) -> float:
-        return float(coverage_SK[unit, min(budget, coverage_SK.shape[1]) - 1])
+        if budget > coverage_SK.shape[1]:
+            raise ValueError(f"coverage_by_budget holds budgets 1..{coverage_SK.shape[1]}; the "
+                             f"rule asked for budget {budget} (probe up to the base budget)")
+        return float(coverage_SK[unit, budget - 1])
     return fn
 
 
@@ -246,6 +249,14 @@ class Tuner:
                 seconds_SK.shape[1] <= self.config.k_max):
             raise ValueError(f"seconds_SK: need [{self.num_units}, >= {self.config.k_max + 1}] "
                              f"(units x budgets 0..k_max), got {seconds_SK.shape}")
+        lo, hi = (budget_bounds(base_budget, self.config.p, self.config.k_max)
+                  if self.config.enabled else (base_budget, base_budget))
+        read_SK = seconds_SK[:, lo:hi + 1]
+        if not np.all(np.isfinite(read_SK) & (read_SK > 0)):
+            raise ValueError(f"seconds_SK must hold positive, finite predictions at budgets "
+                             f"{lo}..{hi} (the bounds around base budget {base_budget}), the "
+                             "ones the rule may read; shard_latency_table prices them with "
+                             "budget_range=budget_bounds(...)")
         corrected_SK = seconds_SK * self.ema.ratio_S[:, None]
         before_S = corrected_SK[:, base_budget]
         corrected_rows = corrected_SK.tolist()  # cheap scalar look-ups for the rule's scan
@@ -274,10 +285,11 @@ class Tuner:
                 "history_imbalance_H2": self.history_imbalance_H2.tolist()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        if np.shape(state["history_budgets_HS"]) != self.history_budgets_HS.shape:
-            raise ValueError("tuner state was saved with a different unit count or history "
-                             f"length: {np.shape(state['history_budgets_HS'])} vs "
-                             f"{self.history_budgets_HS.shape}")
+        for name in ("history_budgets_HS", "history_imbalance_H2"):
+            if np.shape(state[name]) != getattr(self, name).shape:
+                raise ValueError(f"tuner state's {name} has shape {np.shape(state[name])}, this "
+                                 f"tuner's {getattr(self, name).shape}: saved with a different "
+                                 "unit count or history length")
         self.ema.load_state_dict(state["ema"])
         self.step = int(state["step"])
         self.history_budgets_HS = np.asarray(state["history_budgets_HS"], np.int32).copy()
