@@ -78,7 +78,8 @@ def main(argv):
                 geometry = batching.StepGeometry(shards, _MICRO.value, 1, _ROW_LEN.value,
                                                  _BLOCK.value)
                 for window in windows:
-                    row = dict(kind=kind, padding=padding, shards=shards, window=window)
+                    row = dict(kind=kind, padding=padding, shards=shards, window=window,
+                               steps={})
                     for method in batching.BATCHERS:
                         start = time.perf_counter()
                         ratios = batching.simulate_imbalance(
@@ -87,7 +88,7 @@ def main(argv):
                         plan_rate.setdefault(method, []).append(
                             len(lengths) / (time.perf_counter() - start))
                         row[method] = float(ratios.mean())
-                        row["steps"] = int(ratios.size)
+                        row["steps"][method] = int(ratios.size)
                     results.append(row)
                     print(row, flush=True)
     lengths = sample_lengths("longalign", np.random.default_rng(_SEED.value), 4096, 1.0, 64,
@@ -102,10 +103,12 @@ def main(argv):
                {"settings": settings, "results": results, "host": host}, indent=1)
     lines = [f"Predicted imbalance (mean over steps of max/mean shard time); settings: "
              f"{json.dumps(settings)}", "",
-             "| lengths | padding | shards | window | steps | random | lbb | sab |",
+             "| lengths | padding | shards | window | steps (random / lbb / sab) | random | lbb "
+             "| sab |",
              "|---|---|---|---|---|---|---|---|"]
-    lines += [f"| {r['kind']} | {r['padding']} | {r['shards']} | {r['window']} | {r['steps']} "
-              f"| {r['random']:.3f} | {r['lbb']:.3f} | {r['sab']:.3f} |" for r in results]
+    lines += [f"| {r['kind']} | {r['padding']} | {r['shards']} | {r['window']} | "
+              + " / ".join(str(r["steps"][m]) for m in batching.BATCHERS)
+              + f" | {r['random']:.3f} | {r['lbb']:.3f} | {r['sab']:.3f} |" for r in results]
     lines += ["", f"Cost estimator: {host['estimator_docs_per_s']:.3g} documents/s; planning "
               + ", ".join(f"{m} {v:.3g} docs/s" for m, v in host["plan_docs_per_s"].items())
               + f"; tuner decide ({max(shard_counts)} shards): "

@@ -359,18 +359,40 @@ def test_sab_never_overfills_a_bin_even_when_cost_ignores_length():
         assert tokens_TSM.max() <= geometry.bin_tokens, lengths.tolist()
 
 
-def test_random_deals_documents_round_robin():
-    """random: documents dealt round-robin to the bins (a full bin skipped), so when none fills
-    up every bin holds the same number of documents, give or take one."""
+def test_random_draws_bins_yet_fills_steps_as_lbb():
+    """random: each document, longest first, to a bin drawn at random among those that fit.
+    Its steps are as full as lbb's (dealt in a random order instead, short documents spread
+    over every bin and late long ones fit none: the window took ~3x the steps), yet where a
+    document goes follows the rng, not the bins' loads."""
     rng = np.random.default_rng()
-    geometry = batching.StepGeometry(num_shards=2, micro_batches=2, rows_per_micro_batch=2,
-                                     row_len=64, align=ALIGN)
-    for n in rng.integers(2, 40, size=5):
-        lengths = rng.integers(1, ALIGN + 1, size=int(n))  # one block each: 8 fit any bin
-        plan = batching.plan_window("random", lengths, geometry, COST, 2, rng)
-        count_TSM = np.zeros((plan.num_steps, 2, 2), np.int64)
-        np.add.at(count_TSM, (plan.step_N, plan.shard_N, plan.micro_N), 1)
-        assert count_TSM.max() - count_TSM.min() <= 1, count_TSM
+    geometry = batching.StepGeometry(num_shards=4, micro_batches=2, rows_per_micro_batch=1,
+                                     row_len=1024, align=ALIGN)
+    lengths = np.minimum((rng.pareto(1.2, size=600) + 1) * 40, 1024).astype(np.int64)
+    steps = {"random": 0, "lbb": 0}
+    for w, idx in enumerate(batching.split_windows(lengths, geometry, window=4)):
+        for method in steps:
+            plan = batching.plan_window(method, lengths[idx], geometry, COST, 2,
+                                        np.random.default_rng([w]))
+            steps[method] += plan.num_steps
+    assert steps["random"] <= 1.1 * steps["lbb"], steps
+    window = lengths[batching.split_windows(lengths, geometry, window=4)[0]]
+    places = {tuple(zip(*(p.step_N, p.shard_N, p.micro_N)))
+              for p in (batching.plan_window("random", window, geometry, COST, 2,
+                                             np.random.default_rng([seed])) for seed in range(3))}
+    assert len(places) == 3
+
+
+def test_local_search_never_raises_the_costliest_bin():
+    """A cost model may price a short document below the padding its tokens replace (a
+    negative net cost): moving it out of the costliest bin would raise that bin, not lower it."""
+    geometry = batching.StepGeometry(2, 1, 1, 64, 16)
+    lengths = np.array([32, 16, 16])
+    bins = batching._Bins(2, geometry, lengths.copy(), lengths, np.array([10.0, -1.0, 5.0]))
+    for b, d in ((0, 0), (0, 1), (1, 2)):
+        bins.put(b, d)
+    for _ in range(3):  # each round makes one move or swap, or stops
+        batching._improve(bins, max_rounds=1)
+        assert bins.cost_B.max() == 9.0 and sorted(map(sorted, bins.docs)) == [[0, 1], [2]]
 
 
 def test_a_batcher_that_places_nothing_is_an_error_not_a_hang(monkeypatch):

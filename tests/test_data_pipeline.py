@@ -275,7 +275,13 @@ def test_jsonl_order_follows_the_seed(tmp_path):
     spec = DataSpec(text_weight=0, jsonl_weight=1, jsonl_paths=(_conversations(tmp_path, 8),),
                     **SMALL)
     seed = int(np.random.default_rng().integers(2**31))
-    orders = {tuple(TOK.decode(d["targets"][d["loss_mask"] > 0]) for d in _docs(spec, s, 8))
+    # Two epochs of each seed's order.
+    epochs = {s: [tuple(TOK.decode(d["targets"][d["loss_mask"] > 0]) for d in docs)
+                  for docs in (lambda ds: (ds[:8], ds[8:]))(_docs(spec, s, 16))]
               for s in (seed, seed + 1, seed + 2)}
+    orders = {e[0] for e in epochs.values()}
     assert all(sorted(o) == sorted(f"answer {i}" for i in range(8)) for o in orders)
     assert len(orders) > 1, orders
+    # Nor is seed s + 1's stream seed s's one epoch on (a shuffle seeded seed + epoch would be).
+    for s in (seed, seed + 1):
+        assert epochs[s][1] != epochs[s + 1][0], (s, epochs[s][1])

@@ -615,3 +615,24 @@ def test_coverage_is_exactly_one_once_every_eligible_block_is_chosen():
     np.testing.assert_array_equal(cov[all_chosen], 1.0, err_msg=f"budget {budget}")
     checked += int((n_elig == budget - 1).sum())
   assert checked == n_elig.size
+
+
+def test_row_coverage_is_exactly_one_under_jit_once_every_block_is_chosen():
+  """A row's mean of per-token coverages that are all exactly 1 is exactly 1 under jit too
+  (XLA may divide by the token count as a product with its reciprocal: 121 x fl(1/121) is a
+  hair below 1, and a coverage floor of 1.0 would never be met), over 7 KV groups as well;
+  and an out-of-range budget gives NaN even on a row of padding only."""
+  rng = np.random.default_rng()
+  q, k = _inputs(rng, b=2, t=128, hq=7, hkv=7)
+  seg = np.zeros((2, 128), np.int32)
+  seg[0, 7:] = 1  # one document of 121 tokens; row 1 is padding only
+  seg = jnp.asarray(seg)
+  every = jnp.array([8, 8], jnp.int32)
+  cov = jax.jit(lambda q, k: moba_coverage(q, k, seg, every, block_size=16, k_max=8))(q, k)
+  np.testing.assert_array_equal(np.asarray(cov), [1.0, 1.0])
+  curve = jax.jit(lambda q, k: gating.moba_coverage_curve(q, k, seg, block_size=16,
+                                                          k_max=8))(q, k)
+  np.testing.assert_array_equal(np.asarray(curve)[:, -1], [1.0, 1.0])
+  bad = jax.jit(lambda q, k, b: moba_coverage(q, k, seg, b, block_size=16, k_max=8))(
+      q, k, jnp.array([2, 0], jnp.int32))
+  assert np.isfinite(bad[0]) and np.isnan(bad[1]), bad

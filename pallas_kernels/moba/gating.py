@@ -318,15 +318,22 @@ def moba_coverage(q_BTHD, k_BTKD, segment_ids_BT, budget_B, *, block_size: int, 
                   ) -> jax.Array:
   """Mean coverage per row over its non-padding tokens and KV groups, float32 [B]."""
   sel = moba_gate(q_BTHD, k_BTKD, segment_ids_BT, budget_B, block_size=block_size, k_max=k_max)
-  return _row_mean(sel.coverage_BTG.mean(-1), segment_ids_BT)
+  return _row_mean(1.0 - (1.0 - sel.coverage_BTG).mean(-1), segment_ids_BT)
 
 
 def _row_mean(per_token_BTX, segment_ids_BT) -> jax.Array:
-  """Mean over each row's non-padding tokens [B, X...] (1 for a row of padding only)."""
+  """Mean over each row's non-padding tokens [B, X...] (1 for a row of padding only, NaN for
+  one whose tokens are NaN: a budget out of range).
+
+  Averaged as 1 - the mean shortfall from 1, so that a row whose every token is covered reads
+  exactly 1 (a sum of zeros), under jit too, where XLA may divide by a count as a product with
+  its reciprocal (121 x fl(1/121) = 0.99999994): a coverage floor of 1.0 stays reachable."""
   nonpad_BT = (segment_ids_BT != 0).astype(jnp.float32)
   nonpad = nonpad_BT.reshape(nonpad_BT.shape + (1,) * (per_token_BTX.ndim - 2))
   n_B = nonpad.sum(1)
-  return jnp.where(n_B > 0, (per_token_BTX * nonpad).sum(1) / jnp.maximum(n_B, 1), 1.0)
+  short_B = ((1.0 - per_token_BTX) * nonpad).sum(1)
+  return jnp.where(n_B > 0, 1.0 - short_B / jnp.maximum(n_B, 1),
+                   jnp.where(jnp.isnan(short_B), jnp.nan, 1.0))
 
 
 def moba_coverage_curve(q_BSHD, k_BTKD, segment_ids_BT, *, block_size: int, k_max: int,

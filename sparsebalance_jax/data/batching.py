@@ -22,8 +22,11 @@ epoch is emitted too (its steps may leave bins empty). A document that fits no r
 (aligned length > T) is an error naming its length.
 
 Methods (same windows, same geometry; they differ in who goes where):
-- random: no balancing. The window's documents in a random order are dealt round-robin to bins
-  (a full bin is skipped); bins go to (step, shard, micro-batch) in a random order.
+- random: no balancing. The window's documents, longest first, each to a bin drawn at random
+  among those that can take it; bins go to (step, shard, micro-batch) in a random order. (Longest
+  first so that the bins fill as the other methods' do: dealt in a random order, the short
+  documents spread over every bin and a late long one fits none, so the window takes more,
+  emptier steps.)
 - lbb: length-based batching, the usual baseline: documents longest first, each to the bin with
   the fewest tokens that can take it, so token counts are balanced; bins go to steps randomly.
 - sab: sparsity-aware batching. Minimises the largest predicted bin latency (cost model at the
@@ -143,14 +146,14 @@ class _Bins:
         self.cost_B[b] -= self.cost_N[d]
 
 
-def _deal_round_robin(bins: _Bins, order: np.ndarray) -> bool:
-    num_bins, cursor = len(bins.docs), 0
+def _random_fitting_bin(bins: _Bins, order: np.ndarray, rng: np.random.Generator) -> bool:
+    """Each document (in `order`) to a bin drawn uniformly among those that can take it: the
+    first that fits in a fresh random order of the bins."""
+    num_bins = len(bins.docs)
     for d in order:
-        for step in range(num_bins):
-            b = (cursor + step) % num_bins
+        for b in rng.permutation(num_bins):
             if bins.fits(b, [d]):
                 bins.put(b, d)
-                cursor = b + 1
                 break
         else:
             return False
@@ -189,6 +192,10 @@ def _improve(bins: _Bins, max_rounds: int, swap_candidates: int = 16) -> None:
 
 def _try_move(bins, b, mine, others, top, eps) -> bool:
     for d in mine:
+        if bins.cost_N[d] <= eps:
+            # Moving it would not lower bin b (a cost model may price a short document below
+            # the padding its tokens replace); `mine` is costliest first, so neither would the rest.
+            return False
         for j in others:
             if bins.cost_B[j] + bins.cost_N[d] >= top - eps:
                 break  # `others` is cheapest first: no later bin can take d either
@@ -222,7 +229,7 @@ def _assign_bins(method: str, num_bins: int, geometry: StepGeometry, lengths_N: 
     n = len(lengths_N)
     tie_N = rng.permutation(n)  # random tie-break among equal keys
     if method == "random":
-        ok = _deal_round_robin(bins, tie_N)
+        ok = _random_fitting_bin(bins, np.lexsort((tie_N, -lengths_N)), rng)
     elif method == "lbb":
         order = np.lexsort((tie_N, -lengths_N))
         ok = _greedy_least_loaded(bins, order, np.zeros(num_bins), aligned_N.astype(np.float64))

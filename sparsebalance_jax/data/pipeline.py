@@ -143,7 +143,10 @@ def document_dataset(spec: DataSpec, seed: int, *,
             weights.append(weight)
     if spec.jsonl_weight > 0:
         records = JsonlIndex(spec.jsonl_paths, spec.max_bad_lines)
-        parts.append(grain.MapDataset.source(records).shuffle(seed=seed % 2**32).repeat()
+        # grain shuffles epoch e with seed + e, so the run's seed itself would make seed s + 1's
+        # order seed s's one epoch on; a seed drawn from (seed, tag) keeps seeds unrelated.
+        shuffle_seed = int(np.random.SeedSequence([seed % 2**32, _JSONL]).generate_state(1)[0])
+        parts.append(grain.MapDataset.source(records).shuffle(seed=shuffle_seed).repeat()
                      .map(functools.partial(_jsonl_document, tokenizer_kind=spec.tokenizer)))
         weights.append(spec.jsonl_weight)
     mixed = parts[0] if len(parts) == 1 else grain.MapDataset.mix(parts, weights)
