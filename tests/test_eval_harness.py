@@ -126,6 +126,31 @@ def test_greedy_stops_at_eos():
     assert [o.tolist() for o in out] == [TOK.encode(a).tolist() for _, a in pairs]
 
 
+@pytest.mark.parametrize("stop", ["user", "assistant", "system", "pad", "bos"])
+def test_greedy_stops_at_any_special_token(stop):
+    """A model trained on multi-turn chats closes its turn with the next role token, not EOS:
+    greedy decoding stops there too (it had run on into an invented turn, glued to the answer
+    once decode dropped the role id), and at PAD or BOS, never an answer's."""
+    rng = np.random.default_rng()
+    pairs = [("".join(rng.choice(list("abcdef"), 50)), "".join(rng.choice(list("0123"), n)))
+             for n in (3, 6)]
+    oracle = _oracle(pairs)
+    stop_id = getattr(TOK.special, stop)
+
+    def apply_fn(params, inputs_BT, segment_ids_BT, positions_BT, budget_B):
+        # Where the oracle says EOS first, this model says `stop`, then "x" ever after.
+        logits = oracle(params, inputs_BT, segment_ids_BT, positions_BT, budget_B)
+        seen_BT = jnp.cumsum(jnp.argmax(logits, -1) == TOK.special.eos, axis=1)
+        first_BT = (seen_BT == 1) & (jnp.argmax(logits, -1) == TOK.special.eos)
+        x = TOK.encode("x")[0]
+        logits = jnp.where(seen_BT[..., None] > 1, 30.0 * jax.nn.one_hot(x, VOCAB), logits)
+        return jnp.where(first_BT[..., None], 30.0 * jax.nn.one_hot(stop_id, VOCAB), logits)
+
+    scorer = harness.Scorer(apply_fn, {}, TOK, _settings("greedy"))
+    out = scorer.greedy([TOK.encode(p) for p, _ in pairs], [12, 12])
+    assert [o.tolist() for o in out] == [TOK.encode(a).tolist() for _, a in pairs]
+
+
 def test_longbench_greedy_with_oracle():
     examples = longbench.load_task(FIXTURES, "trec") + longbench.load_task(FIXTURES, "hotpotqa")
     pairs = [(longbench.build_prompt(e), e.answers[-1]) for e in examples]

@@ -43,6 +43,23 @@ def test_load_fixture():
     assert longbench.load_task(FIXTURES, "passage_count")[0].answers == ("2",)
     e_examples = longbench.load_task(FIXTURES, "passage_retrieval_en", longbench_e=True)
     assert e_examples[0].answers == ("Paragraph 2",)
+    # LongBench-E rows name their dataset with the "_e" suffix; the example carries the task.
+    assert e_examples[0].dataset == "passage_retrieval_en"
+
+
+def test_longbench_e_rows_may_name_the_task_with_or_without_its_suffix(tmp_path):
+    row = json.loads((FIXTURES / "passage_retrieval_en_e.jsonl").read_text())
+    for name in ("passage_retrieval_en", "passage_retrieval_en_e"):
+        (tmp_path / "passage_retrieval_en_e.jsonl").write_text(
+            json.dumps({**row, "dataset": name}) + "\n")
+        example, = longbench.load_task(tmp_path, "passage_retrieval_en", longbench_e=True)
+        assert example.dataset == "passage_retrieval_en"
+    # A plain LongBench file holds the bare name only.
+    (tmp_path / "passage_retrieval_en.jsonl").write_text(
+        json.dumps({**row, "dataset": "passage_retrieval_en_e"}) + "\n")
+    with pytest.raises(ValueError, match=r"jsonl:1: field 'dataset' is 'passage_retrieval_en_e', "
+                                         r"expected 'passage_retrieval_en'$"):
+        longbench.load_task(tmp_path, "passage_retrieval_en")
 
 
 def test_missing_file_names_the_path(tmp_path):

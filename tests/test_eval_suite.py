@@ -48,6 +48,11 @@ def test_exact_match_scoring():
 def test_normalize_answer():
     assert suite.normalize_answer("  ABCDE, FGHIJ.") == "abcde fghij"
     assert suite.normalize_answer("apple,jungle ,tiger") == "apple jungle tiger"
+    # Letters outside ASCII are words too: extra ones make another answer.
+    assert suite.normalize_answer("ABCDEß, FGHIJ") == "abcdess fghij"
+    assert not suite.exact_match("1234567é", "1234567")
+    assert not suite.exact_match("1234567 日本", "1234567")
+    assert suite.exact_match("Ünïcode_ÀB", "ünïcode àb")
 
 
 def test_bad_arguments():

@@ -9,7 +9,9 @@ answer and EOS. Two modes:
   EOS included (exact match of the whole answer span, so also "stops after it"); the
   mean answer-token NLL (nats/token, over the same span) is reported beside it.
 - greedy: decode each example up to its own token budget (a synthetic item: its answer's
-  length + 8; a LongBench example: its task's), stopping at EOS. There is no KV cache:
+  length + 8; a LongBench example: its task's), stopping at EOS or at any other special
+  token (a role token closes an assistant turn in multi-turn training data; PAD and BOS are
+  never an answer's). There is no KV cache:
   each new token re-runs the full forward pass over a fixed padded buffer, so a
   decode costs O(new tokens x sequence) work; that is why teacher forcing is the
   default. Synthetic items are then scored by normalised exact match of the first
@@ -164,12 +166,13 @@ class Scorer:
 
     def greedy(self, prompts: Sequence[np.ndarray], max_new_tokens: Sequence[int]
                ) -> list[np.ndarray]:
-        """Generated ids per prompt, at most max_new_tokens[i] for prompt i (EOS and everything
-        after it dropped). Each row stops at its own budget, so a short answer's prompt need
-        not leave room for the longest answer of its batch."""
+        """Generated ids per prompt, at most max_new_tokens[i] for prompt i (the first special
+        token - EOS, a role, PAD or BOS - and everything after it dropped). Each row stops at its
+        own budget, so a short answer's prompt need not leave room for the longest answer of
+        its batch."""
         if len(max_new_tokens) != len(prompts):
             raise ValueError(f"{len(max_new_tokens)} token budgets for {len(prompts)} prompts")
-        eos = self.tokenizer.special.eos
+        stops = set(dataclasses.astuple(self.tokenizer.special))
         ctxs = [self._prompt_ids(p) for p in prompts]
         for i, (ctx, n) in enumerate(zip(ctxs, max_new_tokens)):
             if len(ctx) + n > self.settings.max_seq_len:
@@ -190,7 +193,7 @@ class Scorer:
                 for b in range(len(chunk)):
                     if done_B[b]:
                         continue
-                    if next_B[b] == eos:
+                    if int(next_B[b]) in stops:
                         done_B[b] = True
                         continue
                     generated[b].append(int(next_B[b]))

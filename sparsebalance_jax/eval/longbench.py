@@ -195,7 +195,9 @@ def task_path(
     return pathlib.Path(data_dir) / (f"{task}_e.jsonl" if longbench_e else f"{task}.jsonl")
 
 
-def _parse_line(line: str, where: str, task: str) -> LongBenchExample:
+def _parse_line(line: str, where: str, task: str, longbench_e: bool) -> LongBenchExample:
+    """One example; its `dataset` is the task's name (LongBench-E rows may carry the name with
+    its "_e" suffix, as their files do)."""
     try:
         row = json.loads(line)
     except json.JSONDecodeError as e:
@@ -206,15 +208,17 @@ def _parse_line(line: str, where: str, task: str) -> LongBenchExample:
     answers = row["answers"]
     if not isinstance(answers, list) or not answers:
         raise ValueError(f"{where}: field 'answers' must be a non-empty list, got {answers!r}")
-    if row["dataset"] != task:
-        raise ValueError(f"{where}: field 'dataset' is {row['dataset']!r}, expected {task!r}")
+    expected = (task, f"{task}_e") if longbench_e else (task,)
+    if row["dataset"] not in expected:
+        raise ValueError(f"{where}: field 'dataset' is {row['dataset']!r}, expected "
+                         + " or ".join(map(repr, expected)))
     classes = row["all_classes"]
     return LongBenchExample(
         input=row["input"],
         context=row["context"],
         answers=tuple(str(a) for a in answers),
         length=int(row["length"]),
-        dataset=row["dataset"],
+        dataset=task,
         language=row["language"],
         all_classes=None if classes is None else tuple(classes),
         id=str(row["_id"]),
@@ -235,7 +239,7 @@ def load_task(
     with path.open(encoding="utf-8") as f:
         for lineno, line in enumerate(f, start=1):
             if line.strip():
-                examples.append(_parse_line(line, f"{path}:{lineno}", task))
+                examples.append(_parse_line(line, f"{path}:{lineno}", task, longbench_e))
     if not examples:
         raise ValueError(f"{path}: no examples")
     return examples

@@ -17,7 +17,7 @@ import numpy as np
 
 from sparsebalance_jax.data import synthetic
 
-_NON_ALNUM_RE = re.compile(r"[^0-9a-z]+")
+_NON_WORD_RE = re.compile(r"[\W_]+")  # Unicode-aware: letters of any script are words
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,8 +55,10 @@ def build_suite(
 
 
 def normalize_answer(text: str) -> str:
-    """Lowercase words and numbers separated by single spaces; everything else dropped."""
-    return " ".join(_NON_ALNUM_RE.split(text.lower())).strip()
+    """Case-folded words and numbers (of any script) separated by single spaces; punctuation
+    and spacing dropped. A letter outside ASCII is part of a word, not a separator: "1234567é"
+    is not "1234567"."""
+    return " ".join(_NON_WORD_RE.split(text.casefold())).strip()
 
 
 def exact_match(prediction: str, answer: str) -> bool:
