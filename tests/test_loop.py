@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from configs.longbench import get_config
+from sparsebalance_jax.config import ConfigError
 from sparsebalance_jax.data.pipeline import Lookahead
 from sparsebalance_jax.training import checkpoint, launch, loop
 
@@ -89,9 +90,34 @@ def test_resume_restores_the_state_and_data_and_rewrites_the_later_metrics(tmp_p
 
     straight, resumed = lines("straight"), lines("killed")
     assert [r["step"] for r in resumed] == [1, 2, 3]
+    # Each process compiles before its first step, outside the step's time: the straight run
+    # at step 1, the resumed one at step 3.
+    for run, first in ((straight, 1), (resumed[2:], 3)):
+        for r in run:
+            if r["step"] == first:
+                assert r["compile_s"] > r["step_time_s"], r
+            else:
+                assert r["compile_s"] == 0.0, r
     for want, got in zip(straight, resumed):
         assert got["loss"] == want["loss"] and got["grad_norm"] == want["grad_norm"], got["step"]
         assert got["trained_tokens"] == want["trained_tokens"], got["step"]
+    # A resume refused (here: another model width) closes the checkpoint manager it opened.
+    closed = []
+    make_manager = loop.checkpoint.make_manager
+
+    def recorded(*args, **kwargs):
+        manager = make_manager(*args, **kwargs)
+        close = manager.close
+        manager.close = lambda: (closed.append(True), close())[1]
+        return manager
+
+    changed = _short_run(tmp_path / "straight", num_steps=4)
+    changed.model.d_model = 32
+    with monkeypatch.context() as m:
+        m.setattr(loop.checkpoint, "make_manager", recorded)
+        with pytest.raises(ConfigError, match="model.d_model"):
+            launch.run(changed)
+    assert closed == [True]
 
 
 def test_checkpoint_round_trips_state_data_position_and_tuner_state(tmp_path):

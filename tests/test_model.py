@@ -357,3 +357,13 @@ def test_layer_budget_scale_reaches_each_layer(monkeypatch):
         jax.effects_barrier()
         assert seen == [[2, 2, 1], [4, 3, 1]], (scan, seen)  # 3 x 0.5 = 1.5 rounds to 2
     np.testing.assert_allclose(logits[True], logits[False], rtol=1e-5, atol=1e-6)
+    # A scale per layer, or none: built past the config's validation, another count is an
+    # error either way (unrolled, an index past the end would have read the last scale).
+    for scales in ((0.5,), (0.5, 1.0, 0.25)):
+        for scan in (True, False):
+            cfg = tiny_config("moba", scan_layers=scan)
+            model = Transformer(cfg.model, dataclasses.replace(
+                cfg.attention, layer_budget_scale=scales), 4)
+            with pytest.raises(ValueError, match=f"{len(scales)} entries for "
+                                                 "model.num_layers=2"):
+                model.apply({"params": params}, tokens, seg, pos, budget)

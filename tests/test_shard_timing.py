@@ -72,6 +72,10 @@ def test_timed_step_makes_the_fused_update(implementation):
     for key in ("loss", "tokens", "grad_norm"):
         np.testing.assert_allclose(float(metrics[key]), float(fused_metrics[key]), **F32)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, **F32), timed, fused)
+    # The program's first run is not timed (it reads far above the steady state), though this
+    # call did not compile it; the next is.
+    assert shard_seconds is None
+    shard_seconds = timed_step.time_shards(cfg.k_max, timed_state.params, placed)
     assert shard_seconds.shape == (SHARDS,) and np.all(shard_seconds > 0)
     assert timed_step.compiles == 1
 

@@ -104,6 +104,18 @@ def test_learning_rate_warms_up_then_decays_to_the_floor():
     assert rates[3] == np.float32(peak) and abs(rates[-1] - end) < 1e-6 * peak
 
 
+def test_without_warm_up_the_first_update_takes_the_peak():
+    """warmup_steps=0: the cosine runs from the peak at update 0 to min_lr_ratio x peak at the
+    last update (shifted by one as the warm-up is, it skipped the peak)."""
+    opt = _opt(learning_rate=1.0, warmup_steps=0, min_lr_ratio=0.1)
+    steps = 5
+    rates = np.array([float(learning_rate_schedule(opt, steps)(n)) for n in range(steps)])
+    n = np.arange(steps)
+    np.testing.assert_allclose(rates, 0.1 + 0.9 * 0.5 * (1 + np.cos(np.pi * n / (steps - 1))),
+                               rtol=1e-6)
+    assert rates[0] == 1.0
+
+
 def test_optimizer_clips_the_global_norm_before_adam():
     """Clipping runs first: gradients of global norm 50 update as those scaled to the clip norm.
     A huge Adam eps keeps the first update proportional to its input (-lr g / (|g| + eps))."""

@@ -222,8 +222,13 @@ class Transformer(nn.Module):
         m = self.model
         x_BTE = Embed(m, name="embed")(inputs_BT)
         x_BTE = nn.with_logical_constraint(x_BTE, ("act_batch", "act_seq", "act_embed"))
-        scales_L = (jnp.asarray(self.attention.layer_budget_scale, jnp.float32)
-                    if self.attention.layer_budget_scale
+        scales = self.attention.layer_budget_scale
+        if scales and len(scales) != m.num_layers:
+            # The config's validation says so too; a config built past it would otherwise run
+            # unrolled with an index past the end clamped to the last scale.
+            raise ValueError(f"attention.layer_budget_scale has {len(scales)} entries for "
+                             f"model.num_layers={m.num_layers}")
+        scales_L = (jnp.asarray(scales, jnp.float32) if scales
                     else jnp.ones((m.num_layers,), jnp.float32))
         if m.scan_layers or self.is_initializing():
             layer = DecoderLayer

@@ -96,16 +96,20 @@ def train(cfg: Config, data_iterator, balancer, *, show_progress: bool = True,
     manager = checkpoint.make_manager(cfg.train.workdir, every=cfg.train.checkpoint_every,
                                       keep=cfg.train.checkpoint_keep)
     start = 0
-    # Before the restore: a checkpoint of another config may not even restore into this state.
-    changes = checkpoint.check_run_config(cfg.train.workdir, cfg,
-                                          resuming=manager.latest_step() is not None)
     # The next step's batch is taken while a step runs (the balancer's prefetch), and the
     # checkpoints record the iterator as if it were not.
     data_iterator = Lookahead(data_iterator)
     try:
+        # Before the restore: a checkpoint of another config may not even restore into it.
+        changes = checkpoint.check_run_config(cfg.train.workdir, cfg,
+                                              resuming=manager.latest_step() is not None)
         restored = checkpoint.restore_latest(manager, state, data_iterator)
     except BatcherStateError as e:
+        manager.close()
         raise ConfigError(f"train.resume_with_changes: {e}") from None
+    except BaseException:
+        manager.close()  # a refused resume leaves no manager open for a caller that goes on
+        raise
     if restored is not None:
         start, state, tuner_state = restored
         balancer.set_state(tuner_state)
@@ -137,6 +141,8 @@ def train(cfg: Config, data_iterator, balancer, *, show_progress: bool = True,
             data_tokens = _data_tokens(step_batch)
             step_batch = dict(step_batch, budgets=decision.budgets)
             batch = global_batch(steps.batch_shardings, steps.layout(step_batch))
+            # A new bucket, and each process's first step, compiles here, outside the timing.
+            compile_seconds = steps.prepare(decision.bucket, state, batch)
             t0 = time.perf_counter()
             state, metrics, shard_seconds = steps(decision.bucket, state, batch)
             if step + 1 < cfg.train.num_steps:
@@ -169,7 +175,8 @@ def train(cfg: Config, data_iterator, balancer, *, show_progress: bool = True,
                         learning_rate=float(schedule(step)), step_time_s=seconds,
                         tokens_per_s=data_tokens / seconds, row_tokens_per_s=row_tokens / seconds,
                         trained_tokens=float(metrics["tokens"]),
-                        compiles=steps.compiles, **decision.scalars(),
+                        compiles=steps.compiles, compile_s=compile_seconds,
+                        **decision.scalars(),
                         **shard_time_scalars(shard_seconds), **crop_scalars(crop_counter))
             logger.write(step + 1, last, tensorboard=(step + 1) % cfg.train.log_every == 0)
             bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{last['tokens_per_s']:.0f}")

@@ -16,14 +16,19 @@ from sparsebalance_jax.training.step import mesh_context
 
 
 def learning_rate_schedule(opt: OptimizerConfig, num_steps: int) -> optax.Schedule:
-    """Linear warm-up to the peak, then cosine decay to `min_lr_ratio` x peak (a run shorter
-    than its warm-up ends on the rising ramp). Update n (counting from 0) takes the rate at
-    n + 1, so that the first update moves the weights (peak / warmup_steps, not 0) and the
-    peak is reached at update warmup_steps."""
+    """Linear warm-up to the peak, then cosine decay to `min_lr_ratio` x peak at the last
+    update (a run shorter than its warm-up ends on the rising ramp). Update n (counting from 0)
+    takes the rate at n + 1, so that the first update moves the weights (peak / warmup_steps,
+    not 0) and the peak is reached at update warmup_steps - 1. Without a warm-up the first
+    update takes the peak and the cosine spans the updates."""
+    end = opt.learning_rate * opt.min_lr_ratio
+    if opt.warmup_steps == 0:
+        return optax.cosine_decay_schedule(init_value=opt.learning_rate,
+                                           decay_steps=max(num_steps - 1, 1),
+                                           alpha=opt.min_lr_ratio)
     schedule = optax.warmup_cosine_decay_schedule(
         init_value=0.0, peak_value=opt.learning_rate, warmup_steps=opt.warmup_steps,
-        decay_steps=max(num_steps, opt.warmup_steps + 1),
-        end_value=opt.learning_rate * opt.min_lr_ratio)
+        decay_steps=max(num_steps, opt.warmup_steps + 1), end_value=end)
     return lambda count: schedule(count + 1)
 
 
