@@ -473,3 +473,12 @@ def test_png_shows_each_rows_times_budgets_and_imbalances(tmp_path, monkeypatch)
     assert head[:8] == b"\x89PNG\r\n\x1a\n"
     width, height = int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")
     assert (width, height) == (round(4.2 * 2 * 90), round(3.0 * 5 * 90))
+
+
+def test_dense_attention_runs_only_the_rows_without_dst(tmp_path):
+    """Dense attention ignores the budgets: the DST rows would report budgets and coverage
+    nothing ran at, so only the baseline and +SAB run."""
+    _, data, stdout = _run(tmp_path, "chatqa2", 1, "--attention=reference")
+    assert list(data["workloads"]["chatqa2"]["rows"]) == ["baseline", "+SAB"]
+    assert "the DST rows are left out" in stdout
+    assert data["settings"]["probe_stride"] >= 1

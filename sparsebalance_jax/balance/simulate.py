@@ -58,7 +58,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import flax.linen as nn
 import grain
@@ -337,20 +337,24 @@ def _summarize(records: list[dict], compiles: int, buckets: int) -> dict[str, An
 
 def run_workload(spec: DataSpec, setup: BenchSetup, runner,
                  cost_model: LatencyModel, block_size: int,
-                 log: Callable[[str], None] = print) -> dict[str, Any]:
-    """All rows of `METHODS` on one document stream; speedups relative to the baseline."""
+                 log: Callable[[str], None] = print,
+                 methods: Sequence[Method] = METHODS) -> dict[str, Any]:
+    """The rows of `methods` (the baseline first) on one document stream; speedups relative to
+    the baseline."""
+    if methods[0] != METHODS[0]:
+        raise ValueError(f"the rows start with the baseline {METHODS[0].name!r}")
     docs = collect_documents(spec, setup, block_size)
     lengths = [len(d["inputs"]) for d in docs]
     log(f"{spec.length_distribution}: {len(docs)} documents, {sum(lengths)} tokens, lengths "
         f"{min(lengths)}-{max(lengths)} (median {int(np.median(lengths))})")
     plans = {b: plan_steps(docs, b, setup, block_size, cost_model)
-             for b in sorted({m.batcher for m in METHODS})}
+             for b in sorted({m.batcher for m in methods})}
     steps = {b: len(plan) for b, plan in plans.items()}
     if len(set(steps.values())) != 1:  # Speedup compares totals: same data, same steps.
         raise ValueError(f"the batchers planned different step counts {steps} for the same "
                          f"documents; rerun with another --steps")
     rows = {}
-    for method in METHODS:
+    for method in methods:
         rows[method.name] = run_method(method, plans[method.batcher], setup, runner,
                                        cost_model, log)
     baseline_total = rows[METHODS[0].name]["summary"]["total_seconds"]
@@ -372,10 +376,13 @@ def recount_decision(data: dict[str, Any]) -> dict[str, Any]:
     decision's host time without its coverage probes, and `coverage_seconds` the device time of
     every probe call of the step: the decision's, and those made only to report the chosen
     budgets' coverage (one per chosen budget the decision had not probed). Which calls were the
-    decision's follows from the rule (`tuner`, rule 3): it probes only when it lowers a shard,
-    from the lower bound `lo` up until the shard's coverage meets the floor. Taken here: one
-    call, at `lo` (every lowered shard met the floor there), so a step made
-    |{lo} u {chosen budgets}| calls, or |{chosen budgets}| when no shard was lowered. Every call
+    decision's follows from the rule (`tuner`, rule 3): it probes when it weighs lowering a
+    shard, from the lower bound `lo` up until the shard's coverage meets the floor. Taken here:
+    a step probed only if it lowered a shard, and then with one call, at `lo` (every lowered
+    shard met the floor there), so a step made |{lo} u {chosen budgets}| calls, or |{chosen
+    budgets}| when no shard was lowered. A step whose floor held a weighed shard at the base
+    made decision calls this charges nothing for; in the stored runs none did (the per-call time
+    of the steps that lowered none matches one call per chosen budget). Every call
     is the same compiled probe on the same inputs (only the budget, data, differs), so the
     decision's share is taken as the step's `coverage_seconds` split evenly over its calls
     (the gate's passes follow the budget, so the call at `lo` is if anything the cheaper one).

@@ -268,7 +268,9 @@ class ShardTimedStep:
         local = self.local.compiled(bucket, params, batch)  # compiling is not timed
         if id(local) not in self._ran:
             self._ran.add(id(local))
-            return (*local(params, batch)[:3], lambda: None)
+            # Waited for: on a host-timed backend the next, timed call would otherwise start
+            # its clock while this one still runs.
+            return (*jax.block_until_ready(local(params, batch)[:3]), lambda: None)
         start = time.perf_counter()
         if self.device_clock:
             loss_S, count_S, grads_S, clock_S2L = local(params, batch)
