@@ -92,8 +92,8 @@ def get_config(preset: str = "auto") -> ml_collections.ConfigDict:
     d.jsonl_paths = ()  # LongAlign / ChatQA2-style jsonl files.
     d.synthetic_tasks = ("needle", "multikey", "vartrack")  # Synthetic task mix.
     d.length_distribution = "longalign"  # longalign (long tail), chatqa2 (bimodal), uniform, fixed.
-    d.length_scale = 1.0 if gpu else 1 / 32  # Scales the distribution's token lengths (8K-72K).
-    d.min_doc_len = 256 if gpu else 64  # Shortest document in tokens.
+    d.length_scale = 1.0 if gpu else 1 / 32  # Scales longalign / chatqa2 lengths (64-72K at 1).
+    d.min_doc_len = 256 if gpu else 64  # Shortest drawn document length (not jsonl records).
     # Longest document: drawn lengths are capped here, longer jsonl records cropped (counted).
     d.max_doc_len = 32768 if gpu else 1024
     d.max_bad_lines = 0  # Malformed jsonl lines tolerated before the run fails.

@@ -75,8 +75,13 @@ def dry_run(raw, num_shards: int, steps: int) -> dict:
 
 def main(argv):
     del argv
+    from sparsebalance_jax.config import ConfigError
+
     raw = _CONFIG.value
-    shard_counts = [int(s) for s in _SHARDS.value or [raw.mesh.data]]
+    shard_counts = [int(s) if str(s).isdigit() else -1 for s in _SHARDS.value or [raw.mesh.data]]
+    if min(shard_counts) < 1:
+        raise ConfigError(f"--shards: {_SHARDS.value or raw.mesh.data} must be data-shard counts "
+                          ">= 1 (with no --shards, the config's mesh.data must be one)")
     rows = [dry_run(raw, n, _STEPS.value) for n in shard_counts]
     print("shards  batcher  block  base  steps  moved   mean|move|  imbalance before (mean / max)"
           "  after (mean)  one block")

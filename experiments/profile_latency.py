@@ -5,9 +5,10 @@
 Writes the latency table for this device kind and the config's layer shape into the config's
 `balance.latency_table` folder (or --out_dir), where the profiled latency model finds it.
 Defaults: lengths = block multiples doubling from one block up to data.seq_len, budgets =
-1..largest bucket in up to 8 steps. On CPU use tiny sizes, e.g.
+1..largest bucket in up to 8 steps. On CPU use few sizes, up to the CPU preset's 1024-token
+rows (a table must price the longest document the run packs), e.g.
     python -m experiments.profile_latency --config=configs/longbench.py:cpu \
-        --lengths=64,128,256 --budgets=1,2,4 --repeats=2 --out_dir=/tmp/tables
+        --lengths=256,1024 --budgets=1,4,8 --repeats=2 --out_dir=/tmp/tables
 """
 
 import numpy as np

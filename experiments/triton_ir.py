@@ -33,7 +33,8 @@ import jax.numpy as jnp
 from jax.sharding import AbstractDevice, AbstractMesh
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from experiments.bench_kernel import HEADS, add_point_args, parse_variant, variant_tag  # noqa: E402
+from experiments.bench_kernel import (HEADS, add_point_args, parse_variant, point_fields,  # noqa: E402
+                                     variant_tag)
 from pallas_kernels.moba import moba_attention  # noqa: E402
 
 H200 = AbstractDevice(device_kind="NVIDIA H200", num_cores=132, platform="cuda")
@@ -144,9 +145,10 @@ def main():
   hq, hkv, d = HEADS[args.heads]
   os.makedirs(args.out_dir, exist_ok=True)
   shape = lambda *s: jax.ShapeDtypeStruct(s, jnp.bfloat16)
-  arg_shapes = (shape(1, args.seq, hq, d), shape(1, args.seq, hkv, d), shape(1, args.seq, hkv, d),
-                shape(1, args.seq, hq, d), jax.ShapeDtypeStruct((1, args.seq), jnp.int32),
-                jax.ShapeDtypeStruct((1,), jnp.int32))
+  b = args.batch
+  arg_shapes = (shape(b, args.seq, hq, d), shape(b, args.seq, hkv, d), shape(b, args.seq, hkv, d),
+                shape(b, args.seq, hq, d), jax.ShapeDtypeStruct((b, args.seq), jnp.int32),
+                jax.ShapeDtypeStruct((b,), jnp.int32))
   rows = []
   for text in args.variants.split(";"):
     bs = parse_variant(text)
@@ -163,8 +165,8 @@ def main():
       path = os.path.join(args.out_dir, f"{tag}.{kernel['name']}.ttir")
       with open(path, "w") as f:
         f.write(kernel["ttir"])
-      row = {"variant": tag, "kernel": kernel["name"], "num_warps": kernel["num_warps"],
-             "num_stages": kernel["num_stages"], "ttir": path}
+      row = {**point_fields(args), "variant": tag, "kernel": kernel["name"],
+             "num_warps": kernel["num_warps"], "num_stages": kernel["num_stages"], "ttir": path}
       if args.compile:
         row.update(compile_kernel(kernel, path))
       rows.append(row)

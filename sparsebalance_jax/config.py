@@ -285,6 +285,7 @@ def validate(cfg: Config, device_count: int | None = None) -> None:
                               f"{m.compute_dtype!r}, model.head_dim={m.head_dim}, "
                               f"attention.block_size={a.block_size}: {e}") from None
     _require(a.block_size > 0, "attention.block_size", "must be positive")
+    _require(d.seq_len > 0, "data.seq_len", f"{d.seq_len} must be positive")
     _require(d.seq_len % a.block_size == 0, "data.seq_len",
              f"{d.seq_len} is not a multiple of attention.block_size={a.block_size}")
     num_blocks = d.seq_len // a.block_size
@@ -335,7 +336,8 @@ def validate(cfg: Config, device_count: int | None = None) -> None:
         _require(getattr(d, field) > 0, f"data.{field}", f"{getattr(d, field)} must be positive")
     _require(d.window >= 1, "data.window", "must be >= 1")
     for axis in ("data", "fsdp", "tensor"):
-        _require(getattr(mesh, axis) >= 1, f"mesh.{axis}", "must be >= 1 (resolve -1 first)")
+        _require(getattr(mesh, axis) >= 1, f"mesh.{axis}",
+                 f"{getattr(mesh, axis)} must be >= 1, or -1 for the devices the other axes leave")
     if device_count is not None:
         size = mesh.data * mesh.fsdp * mesh.tensor
         _require(size == device_count, "mesh",

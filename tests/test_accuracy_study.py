@@ -10,7 +10,7 @@ import pytest
 
 from configs import accuracy_study
 from sparsebalance_jax.balance.tuner import budget_bounds
-from sparsebalance_jax.config import from_config_dict
+from sparsebalance_jax.config import ConfigError, from_config_dict
 from sparsebalance_jax.eval import harness, study
 
 
@@ -122,7 +122,7 @@ def test_reports_of_separate_calls_combine(tmp_path):
     assert [r["seed"] for r in results] == [0, 1] and meta["combined_from"] == [a, b]
     (row,) = study.summarize_arms(results)
     assert row["text_nll"] == pytest.approx((1.2, 0.1))
-    with pytest.raises(ValueError, match=r"arm \('moba', 0\) is in both"):
+    with pytest.raises(ConfigError, match=r"--combine: arm \('moba', 0\) is in both"):
         study.combine_reports([a, a])
     c = _report(tmp_path / "c.json", [dict(arm, seed=2)], steps=500)
     with pytest.raises(ValueError, match="settings"):

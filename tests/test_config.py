@@ -70,6 +70,8 @@ def test_presets_are_valid():
     (dict(data__seed=-1), "data.seed"),
     (dict(train__workdir=" "), "train.workdir"),
     (dict(data__jsonl_paths=("/tmp/never_read.jsonl",)), "data.jsonl_weight"),
+    (dict(data__seq_len=0), "data.seq_len: 0 must be positive"),  # not blamed on the budget
+    (dict(mesh__data=-2), "mesh.data: -2 must be >= 1, or -1"),
 ])
 def test_invalid_field_is_named(changes, field):
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):

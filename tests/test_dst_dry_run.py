@@ -1,5 +1,9 @@
 """experiments.dst_dry_run: DST's decisions on a config's data stream, predictions only."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 
 from configs import accuracy_study
@@ -41,3 +45,13 @@ def test_gpu_preset_stream_on_cpu():
     row = dry_run(accuracy_study.get_config("sparsebalance,gpu"), num_shards=2, steps=3)
     assert (row["shards"], row["steps"], row["block_size"], row["base_budget"]) == (2, 3, 256, 4)
     assert 1.0 <= row["imbalance_after_mean"] <= row["imbalance_before_max"]
+
+
+def test_a_shard_count_below_one_is_named():
+    done = subprocess.run(
+        [sys.executable, "-m", "experiments.dst_dry_run",
+         "--config=configs/accuracy_study.py:sparsebalance", "--shards=2,0"],
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), capture_output=True,
+        text=True, timeout=120)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "config error: --shards: ['2', '0'] must be data-shard counts >= 1" in done.stderr

@@ -142,3 +142,27 @@ def test_environment_to_spec():
         "10.0.0.1:1234", 4, 3, auto_detect=False)
     assert distributed.spec_from_env({"SPARSEBALANCE_DISTRIBUTED": "auto"}) == \
         distributed.DistributedSpec(None, None, None, auto_detect=True)
+
+
+def test_host_devices_follow_the_launch_the_environment_asks_for(monkeypatch):
+    """A fixed mesh asks each process for its share of host devices: all of them when the
+    environment asks for one process (no variables, or SPARSEBALANCE_DISTRIBUTED=off whatever
+    else is set), half under two; bad variables are a ConfigError naming them."""
+    from sparsebalance_jax.config import ConfigError
+    from sparsebalance_jax.training import launch
+
+    asked = []
+    monkeypatch.setattr(launch.jax.config, "update", lambda name, value: asked.append(value))
+    raw = {"mesh": {"data": 2, "fsdp": 2, "tensor": 1}}
+    two = {"JAX_COORDINATOR_ADDRESS": "h:1", "JAX_NUM_PROCESSES": "2", "JAX_PROCESS_ID": "0"}
+    for env, want in (({}, 4), ({"SPARSEBALANCE_DISTRIBUTED": "off", **two}, 4), (two, 2)):
+        for name in ("SPARSEBALANCE_DISTRIBUTED", *two):
+            monkeypatch.delenv(name, raising=False)
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        asked.clear()
+        launch.request_host_devices(raw)
+        assert asked == [want], env
+    monkeypatch.setenv("JAX_NUM_PROCESSES", "abc")
+    with pytest.raises(ConfigError, match="JAX_NUM_PROCESSES='abc' is not an integer"):
+        launch.request_host_devices(raw)

@@ -25,6 +25,7 @@ from typing import Sequence
 
 import numpy as np
 
+from sparsebalance_jax.config import ConfigError
 from sparsebalance_jax.jsonfile import write_json, write_text
 from sparsebalance_jax.training.metrics import read_metrics
 
@@ -200,12 +201,12 @@ def combine_reports(paths: Sequence[str]) -> tuple[list[dict], dict]:
         if settings is None:
             settings = report["settings"]
         elif report["settings"] != settings:
-            raise ValueError(f"{path}: settings {report['settings']} differ from "
+            raise ConfigError(f"--combine: {path}: settings {report['settings']} differ from "
                              f"{paths[0]}'s {settings}")
         for r in report["arms"]:
             key = (r["method"], r["seed"])
             if key in seen:
-                raise ValueError(f"arm {key} is in both {seen[key]} and {path}")
+                raise ConfigError(f"--combine: arm {key} is in both {seen[key]} and {path}")
             seen[key] = path
             results.append(r)
     return results, {"settings": settings, "combined_from": list(paths)}

@@ -51,11 +51,11 @@ def parse_meshes(spec: str) -> tuple[MeshConfig, ...]:
     for item in filter(None, (s.strip() for s in spec.split(","))):
         parts = item.lower().split("x")
         if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
-            raise ValueError(f"--meshes: {item!r} is not DATAxFSDPxTENSOR with positive sizes "
+            raise ConfigError(f"--meshes: {item!r} is not DATAxFSDPxTENSOR with positive sizes "
                              f"(e.g. 2x2x2)")
         meshes.append(MeshConfig(*map(int, parts)))
     if not meshes:
-        raise ValueError("--meshes: no mesh given")
+        raise ConfigError("--meshes: no mesh given")
     return tuple(meshes)
 
 
@@ -191,7 +191,7 @@ def run_ablation(raw: Mapping[str, Any], meshes: Sequence[MeshConfig], *, steps:
                  warmup: int, progress=print) -> list[MeshResult]:
     """Validates every mesh first, then measures each in its own spawned process."""
     if steps < 1 or warmup < 0:
-        raise ValueError(f"steps ({steps}) must be >= 1 and warmup ({warmup}) >= 0")
+        raise ConfigError(f"--steps ({steps}) must be >= 1 and --warmup ({warmup}) >= 0")
     raw = raw.to_dict() if hasattr(raw, "to_dict") else dict(raw)
     check_meshes(raw, meshes)
     results = []

@@ -24,6 +24,8 @@ from typing import Mapping
 import jax
 import numpy as np
 
+from sparsebalance_jax.config import ConfigError
+
 ENV_COORDINATOR = "JAX_COORDINATOR_ADDRESS"
 ENV_NUM_PROCESSES = "JAX_NUM_PROCESSES"
 ENV_PROCESS_ID = "JAX_PROCESS_ID"
@@ -48,14 +50,15 @@ def _int_var(environ: Mapping[str, str], name: str) -> int | None:
     try:
         return int(raw)
     except ValueError:
-        raise ValueError(f"{name}={raw!r} is not an integer") from None
+        raise ConfigError(f"{name}={raw!r} is not an integer") from None
 
 
 def spec_from_env(environ: Mapping[str, str]) -> DistributedSpec | None:
-    """The multi-process set-up the environment asks for, or None for a single process."""
+    """The multi-process set-up the environment asks for, or None for a single process; a bad
+    or incomplete set of variables is a ConfigError naming them (the commands print it alone)."""
     mode = environ.get(ENV_MODE, "").lower() or None
     if mode is not None and mode not in MODES:
-        raise ValueError(f"{ENV_MODE}={environ[ENV_MODE]!r}: expected one of {MODES}")
+        raise ConfigError(f"{ENV_MODE}={environ[ENV_MODE]!r}: expected one of {MODES}")
     coordinator = environ.get(ENV_COORDINATOR) or None
     num_processes = _int_var(environ, ENV_NUM_PROCESSES)
     process_id = _int_var(environ, ENV_PROCESS_ID)
@@ -69,11 +72,11 @@ def spec_from_env(environ: Mapping[str, str]) -> DistributedSpec | None:
         return None
     missing = [name for name, v in given.items() if v is None]
     if missing:
-        raise ValueError(f"multi-process launch: {missing} unset while "
+        raise ConfigError(f"multi-process launch: {missing} unset while "
                          f"{[n for n, v in given.items() if v is not None]} are set; set all "
                          f"three, or {ENV_MODE}=auto to let JAX detect the cluster")
     if num_processes < 1 or not 0 <= process_id < num_processes:
-        raise ValueError(f"{ENV_PROCESS_ID}={process_id} must lie in [0, "
+        raise ConfigError(f"{ENV_PROCESS_ID}={process_id} must lie in [0, "
                          f"{ENV_NUM_PROCESSES}={num_processes})")
     return DistributedSpec(coordinator, num_processes, process_id, auto_detect=False)
 

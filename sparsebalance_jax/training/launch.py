@@ -12,7 +12,7 @@ import numpy as np
 from sparsebalance_jax.config import (Config, ConfigError, MeshConfig, check_attention_runs_here,
                                       from_config_dict)
 from sparsebalance_jax.sharding import make_mesh
-from sparsebalance_jax.sharding.distributed import maybe_initialize
+from sparsebalance_jax.sharding.distributed import maybe_initialize, spec_from_env
 from sparsebalance_jax.training.budgets import DstBalancer, FixedBudgets
 from sparsebalance_jax.training.loop import describe, train
 
@@ -30,7 +30,9 @@ def request_host_devices(raw) -> None:
     if any(s < 1 for s in sizes):
         return
     total = sizes[0] * sizes[1] * sizes[2]
-    processes = int(os.environ.get("JAX_NUM_PROCESSES", "1"))
+    # The launch as maybe_initialize will read it (SPARSEBALANCE_DISTRIBUTED=off: one process).
+    spec = spec_from_env(os.environ)
+    processes = 1 if spec is None or spec.num_processes is None else spec.num_processes
     if total % processes:
         raise ConfigError(f"mesh: {total} devices do not split over JAX_NUM_PROCESSES="
                           f"{processes} processes")
