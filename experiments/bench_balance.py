@@ -181,7 +181,7 @@ def main(argv):
                 "per micro-batch: 1 warm-up call, then the median of `repeats` blocking calls"),
         coverage=("the decision's probe: moba_coverage_curve on layer-0 q/k over every "
                   f"{b.probe_stride}-th query (balance.probe_stride); the report's: "
-                  "moba_coverage over every query"),
+                  "moba_coverage_curve up to the largest bucket over every query"),
         probe_stride=b.probe_stride,
         param_bytes=runner.param_bytes, bus_gbps=_BUS.value, allreduce_seconds=allreduce,
         length_scale=_SEQ_LEN.value / _LONGEST_UNSCALED, min_doc_len=_MIN_DOC.value,

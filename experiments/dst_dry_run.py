@@ -81,7 +81,7 @@ def main(argv):
     shard_counts = [int(s) if str(s).isdigit() else -1 for s in _SHARDS.value or [raw.mesh.data]]
     if min(shard_counts) < 1:
         raise ConfigError(f"--shards: {_SHARDS.value or raw.mesh.data} must be data-shard counts "
-                          ">= 1 (with no --shards, the config's mesh.data must be one)")
+                          ">= 1 (with no --shards, the config's mesh.data is taken)")
     rows = [dry_run(raw, n, _STEPS.value) for n in shard_counts]
     print("shards  batcher  block  base  steps  moved   mean|move|  imbalance before (mean / max)"
           "  after (mean)  one block")

@@ -336,8 +336,11 @@ def validate(cfg: Config, device_count: int | None = None) -> None:
         _require(getattr(d, field) > 0, f"data.{field}", f"{getattr(d, field)} must be positive")
     _require(d.window >= 1, "data.window", "must be >= 1")
     for axis in ("data", "fsdp", "tensor"):
-        _require(getattr(mesh, axis) >= 1, f"mesh.{axis}",
-                 f"{getattr(mesh, axis)} must be >= 1, or -1 for the devices the other axes leave")
+        size = getattr(mesh, axis)
+        _require(size >= 1, f"mesh.{axis}",
+                 "-1 (the devices the other axes leave) is resolved only given the device count "
+                 "(from_config_dict(raw, device_count=...))" if size == -1 else
+                 f"{size} must be >= 1, or -1 for the devices the other axes leave")
     if device_count is not None:
         size = mesh.data * mesh.fsdp * mesh.tensor
         _require(size == device_count, "mesh",

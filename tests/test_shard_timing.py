@@ -280,7 +280,7 @@ def test_clocked_shard_program_matches_the_unclocked_one(monkeypatch):
         placed = jax.device_put(batch, shard_batch_shardings(mesh))
         hlo = timed_step.local.compiled(cfg.k_max, state.params, placed).as_text()
         assert "all-reduce" not in hlo and "all-gather" not in hlo
-        state, _, _ = timed_step(cfg.k_max, state, placed)  # the compiling call is not timed
+        state, _, _ = timed_step(cfg.k_max, state, placed)  # a program's first run is not timed
         runs[clocked] = timed_step(cfg.k_max, state, placed)
     (plain_state, plain_metrics, _), (state, metrics, seconds) = runs[False], runs[True]
     for key in ("loss", "tokens", "grad_norm"):

@@ -109,7 +109,8 @@ class MeshRunner:
             seconds_S = self._timed.time_shards(bucket, self.params, timed_batch)
             if call > 0:
                 if seconds_S is None:
-                    raise AssertionError("the shard program compiled after its warm-up call")
+                    raise AssertionError("the shard program ran untimed after its warm-up call "
+                                         "(compiled anew)")
                 shard_runs.append(seconds_S)
         fused_batch = global_batch(self._fused.batch_shardings, self._fused.layout(step_batch))
         step_runs, losses = [], []

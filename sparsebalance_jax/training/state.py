@@ -21,14 +21,14 @@ def learning_rate_schedule(opt: OptimizerConfig, num_steps: int) -> optax.Schedu
     takes the rate at n + 1, so that the first update moves the weights (peak / warmup_steps,
     not 0) and the peak is reached at update warmup_steps - 1. Without a warm-up the first
     update takes the peak and the cosine spans the updates."""
-    end = opt.learning_rate * opt.min_lr_ratio
     if opt.warmup_steps == 0:
         return optax.cosine_decay_schedule(init_value=opt.learning_rate,
                                            decay_steps=max(num_steps - 1, 1),
                                            alpha=opt.min_lr_ratio)
     schedule = optax.warmup_cosine_decay_schedule(
         init_value=0.0, peak_value=opt.learning_rate, warmup_steps=opt.warmup_steps,
-        decay_steps=max(num_steps, opt.warmup_steps + 1), end_value=end)
+        decay_steps=max(num_steps, opt.warmup_steps + 1),
+        end_value=opt.learning_rate * opt.min_lr_ratio)
     return lambda count: schedule(count + 1)
 
 

@@ -294,7 +294,7 @@ class ShardTimedStep:
 
     def time_shards(self, bucket: int, params, batch) -> np.ndarray | None:
         """Program 1 alone (the gradients are computed and dropped): each shard's compute
-        seconds [S], None when this call compiled the program."""
+        seconds [S], None on the first run of a freshly compiled program (`_run_local`)."""
         with mesh_context(self._mesh):
             *_, seconds = self._run_local(bucket, params, batch)
         return seconds()

@@ -2,8 +2,8 @@
 # The tree after the thirty-seventh session's CPU-only review fixes, on the GPU: every GPU-marked
 # test (the gate's and kernels' compiled paths, the shard timing, whose first run of a compiled
 # program is now left untimed whoever compiled it), then the main job at the GPU preset for 8
-# steps (the step's program compiled before it is timed: step 1's compile_s, steps 2-8's
-# step_time_s against the 0.396-0.406 s of 2026-12-04). Needs .whl/ carried.
+# steps (the step's program compiled before it is timed: step 1's compile_s; steps 6-8's
+# step_time_s against the 0.396-0.406 s of 2026-12-04's steps 6-8). Needs .whl/ carried.
 # Usage on the device: bash benchmarks/h200/session37/call1.sh
 set -u
 cd "$(dirname "$0")/../../.."
