@@ -43,9 +43,10 @@ def test_length_distributions_have_documented_shape():
     big = 10**9
     for (kind, scale), quantiles in DOCUMENTED_QUANTILES.items():
         lengths = sample_lengths(kind, rng, 50000, scale, 1, big)
-        # The docstring rounds to two digits; 50000 draws land within ~4% of it.
+        # The docstring rounds to two digits; 50000 draws landed within 3.8% of it (worst
+        # quantile over 20 seeds), where a median moved by 1/15 shifts them by up to 6.7%.
         np.testing.assert_allclose(np.percentile(lengths, [10, 50, 90, 99]), quantiles,
-                                   rtol=0.1, err_msg=f"{kind} at scale {scale}")
+                                   rtol=0.05, err_msg=f"{kind} at scale {scale}")
     la = sample_lengths("longalign", rng, 20000, 1.0, 1, big)
     assert la.min() >= 8192 and la.max() <= 73728
     assert la.mean() > np.median(la)  # long right tail

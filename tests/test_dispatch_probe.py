@@ -88,7 +88,7 @@ def test_interleaved_times_every_call_each_round():
   for row in out.values():
     assert len(row["rounds_ms"]) == 3
     assert 0 < row["min_ms"] <= row["median_ms"] <= row["max_ms"]
-  with pytest.raises(TypeError):
+  with pytest.raises(TypeError, match="missing 1 required positional argument"):
     interleaved({"bad": (jax.jit(lambda x: x + 1), ())}, rounds=1, reps=1)
 
 

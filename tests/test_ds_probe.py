@@ -14,7 +14,7 @@ from pallas_kernels.moba.kernels import MobaBlockSizes
 
 def test_dq_from_ds_matches_the_product_over_each_items_key_steps():
   b, t, hq, hkv, d, blk = 1, 1024, 4, 2, 64, 256
-  ks = jax.random.split(jax.random.PRNGKey(np.random.randint(1 << 30)), 3)
+  ks = jax.random.split(jax.random.PRNGKey(int(np.random.default_rng().integers(1 << 30))), 3)
   q = jax.random.normal(ks[0], (b, t, hq, d), jnp.bfloat16)
   k = jax.random.normal(ks[1], (b, t, hkv, d), jnp.bfloat16)
   seg = jnp.ones((b, t), jnp.int32)
