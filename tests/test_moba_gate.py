@@ -1,6 +1,8 @@
 """MoBA gating: prefix-sum gate vs the dense definition, selection, coverage, validation; the
 KV layout built from the selection."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -162,13 +164,16 @@ _SPLIT = [1] * 40 + [2] * 40 + [1] * 48  # document 1 interrupted by document 2
     (dict(seg=_SPLIT), r"segment_ids_BT row 0: document ids \[1\].*only padding may"),
     (dict(seg=[2] * 40 + [0] * 40 + [1] * 8 + [0] * 8 + [2] * 32),
      r"segment_ids_BT row 0: document ids \[2\]"),
+    # int64 ids past int32 (2^32 + 1 would read as 1, merging two documents).
+    (dict(seg64=[1] * 64 + [2 ** 32 + 1] * 64), r"segment_ids_BT must fit int32.*rows \[0\]"),
 ])
 def test_validation_errors_name_the_argument(bad, match):
   rng = np.random.default_rng()
   t, hq, k_max, d = bad.get("t", 128), bad.get("hq", 4), bad.get("k_max", 3), bad.get("d", 16)
   q = jnp.asarray(rng.standard_normal((1, t, hq, d)), jnp.float32)
   k = jnp.asarray(rng.standard_normal((1, t, 2, d)), jnp.float32)
-  seg = jnp.asarray([bad.get("seg", [1] * t)], jnp.int32)
+  seg = (np.asarray([bad["seg64"]], np.int64) if "seg64" in bad
+         else jnp.asarray([bad.get("seg", [1] * t)], jnp.int32))
   with pytest.raises(ValueError, match=match):
     moba_gate(q, k, seg, jnp.asarray([2]), block_size=16, k_max=k_max)
   v = jnp.zeros_like(k)
@@ -376,6 +381,23 @@ def test_attended_key_tiles_are_attended_whole(tile, ignore_padding):
       exact += 1
   assert np.all(tiles[cb < 0] == 0)
   assert exact > 0 and 0 < tiles.max() and (tiles[cb >= 0] < block_size // tile).any()
+
+
+def test_layout_arguments_are_checked():
+  """build_kv_layout (public) names what does not fit the selection, where it had failed in
+  a reshape or returned rows past q's."""
+  rng = np.random.default_rng()
+  q, k = _inputs(rng)
+  seg = jnp.ones((2, 128), jnp.int32)
+  sel = moba_gate(q, k, seg, jnp.asarray([3, 2], jnp.int32), block_size=16, k_max=3)
+  for kwargs, match in ((dict(num_blocks=9), "num_blocks=9 must divide the selection's T=128"),
+                        (dict(group_size=0), "group_size=0"),
+                        (dict(block_rows=0), "block_rows=0")):
+    args = {**dict(num_blocks=8, group_size=2, block_rows=16), **kwargs}
+    with pytest.raises(ValueError, match=re.escape(match)):
+      kv_layout.build_kv_layout(sel, seg, **args)
+  with pytest.raises(ValueError, match=r"segment_ids_BT must be \[B=2, T=128\]"):
+    kv_layout.build_kv_layout(sel, seg[:1], num_blocks=8, group_size=2, block_rows=16)
 
 
 def test_layout_padded_to_wider_runs():
@@ -636,3 +658,17 @@ def test_row_coverage_is_exactly_one_under_jit_once_every_block_is_chosen():
   bad = jax.jit(lambda q, k, b: moba_coverage(q, k, seg, b, block_size=16, k_max=8))(
       q, k, jnp.array([2, 0], jnp.int32))
   assert np.isfinite(bad[0]) and np.isnan(bad[1]), bad
+
+
+def test_block_size_and_kernel_settings_errors_name_them():
+  """A block smaller than the key tiles shrinks them to it: a block that cannot be a tile is
+  named as block_size (the user set no tile); warps and stages must be positive."""
+  q = jnp.zeros((1, 96, 2, 16), jnp.float32)
+  k = jnp.zeros((1, 96, 1, 16), jnp.float32)
+  seg, budget = jnp.ones((1, 96), jnp.int32), jnp.asarray([1], jnp.int32)
+  with pytest.raises(ValueError, match=r"block_size=48 must be a power of two >= 16"):
+    moba_attention(q, k, k, seg, budget, block_size=48, k_max=1, interpret=True)
+  from pallas_kernels.moba import MobaBlockSizes
+  with pytest.raises(ValueError, match=r"MobaBlockSizes.num_stages_bwd=0 must be >= 1"):
+    moba_attention(q, k, k, seg, budget, block_size=32, k_max=1, interpret=True,
+                   block_sizes=MobaBlockSizes(num_stages_bwd=0))

@@ -51,7 +51,15 @@ Semantics (exact; kernels and the dense reference compute the same function):
   for padding tokens. `moba_coverage` averages it over a row's non-padding tokens
   and KV groups; `moba_coverage_curve` gives that at every budget 1..k_max in one pass.
 * Gradients flow to q, k, v through attention only (selection is piecewise
-  constant, as in MoBA).
+  constant, as in MoBA). First order only: the kernels have no derivatives of their own, so
+  differentiating the gradient again (grad of grad, a Hessian-vector product) fails inside
+  JAX ("Linearization failed ..."); moba_reference has every order.
+* Values: q, k and v must be finite everywhere, padding positions included; nothing checks
+  it (a check would cost a pass over the inputs). A non-finite key reaches the gate keys of
+  the blocks summed with it (a masked sum is a 0/1 product, and 0 x NaN is NaN), whose
+  scores then count as ineligible, and a non-finite value reaches the outputs through the
+  masked probabilities' products; the kernels and the reference need not agree on where.
+* Segment ids must fit int32, as the kernels read them; concrete ids above it raise.
 
 Kernel design (gate in gating.py, KV layout in kv_layout.py, attention kernels in kernels.py
 and hopper/).

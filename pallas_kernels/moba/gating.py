@@ -287,6 +287,10 @@ def check_segments(segment_ids_BT: jax.Array) -> None:
   if negative.size:
     raise ValueError(f"segment_ids_BT must be >= 0 (0 = padding, documents > 0); rows "
                      f"{negative.tolist()} hold negative ids")
+  too_big = np.nonzero((ids_BT > np.iinfo(np.int32).max).any(axis=1))[0]
+  if too_big.size:
+    raise ValueError(f"segment_ids_BT must fit int32, as the kernels read them; rows "
+                     f"{too_big.tolist()} hold ids above {np.iinfo(np.int32).max}")
   # Padding may lie inside a document; among the row's document tokens a run of one id starts
   # where the id changes, and an id starting two runs (another document between) is a
   # document in pieces.

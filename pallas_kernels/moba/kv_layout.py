@@ -211,6 +211,14 @@ def build_kv_layout(sel: MobaSelection, segment_ids_BT: jax.Array, *, num_blocks
   sel_BGTK = jnp.transpose(sel.selected_BTGK, (0, 2, 1, 3))
   b, g, t, kmax = sel_BGTK.shape
   n, gh, r = num_blocks, group_size, block_rows
+  if n < 1 or t % n:
+    raise ValueError(f"num_blocks={n} must divide the selection's T={t}")
+  if gh < 1 or r < 1:
+    raise ValueError(f"group_size={gh} (query heads per KV head) and block_rows={r} must be "
+                     ">= 1")
+  if segment_ids_BT.shape != (b, t):
+    raise ValueError(f"segment_ids_BT must be [B={b}, T={t}] as the selection, got "
+                     f"{segment_ids_BT.shape}")
   pad = r if pad_rows is None else pad_rows
   if pad % r:
     raise ValueError(f"pad_rows={pad} must be a multiple of block_rows={r}")
