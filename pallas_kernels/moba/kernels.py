@@ -83,12 +83,13 @@ class MobaBlockSizes:
   def check(self, block_size: int) -> None:
     for name in ("block_rows", "block_k", "block_k_dkv"):
       v = getattr(self, name)
-      if (v < 16 or v & (v - 1)) and name != "block_rows" and v == block_size:
+      if v >= 16 and not v & (v - 1):
+        continue
+      if name != "block_rows" and v == block_size:
         # fit() shrank the tile to a block smaller than it: the block size is what is wrong.
         raise ValueError(f"block_size={block_size} must be a power of two >= 16, or a "
                          f"multiple of the key tiles (MobaBlockSizes.{name})")
-      if v < 16 or v & (v - 1):
-        raise ValueError(f"MobaBlockSizes.{name}={v} must be a power of two >= 16")
+      raise ValueError(f"MobaBlockSizes.{name}={v} must be a power of two >= 16")
     for name in ("num_warps", "num_stages", "num_warps_bwd", "num_stages_bwd"):
       if getattr(self, name) < 1:
         raise ValueError(f"MobaBlockSizes.{name}={getattr(self, name)} must be >= 1")

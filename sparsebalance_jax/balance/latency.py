@@ -407,14 +407,14 @@ class ProfiledLatencyModel(LatencyModel):
         # broadcasts: K budgets x N documents cost K + N lookups, not K * N.
         li, lw = _bracket(self._lengths, lengths_N)
         past = lengths_N > self._lengths[-1]
-        if len(self._budgets) == 1:
-            column = self._seconds_LK[:, 0]
-            below = np.where(past, self._extend_from_K[0], column[li])
-            return np.broadcast_to(below * (1 - lw) + column[li + 1] * lw,
-                                   np.broadcast_shapes(lengths_N.shape, budget.shape))
-        ki, kw = _bracket(self._budgets, budget)
+        if len(self._budgets) == 1:  # one column: every budget reads it
+            ki = ki_next = np.zeros(budget.shape, dtype=np.int64)
+            kw = 0.0
+        else:
+            ki, kw = _bracket(self._budgets, budget)
+            ki_next = ki + 1
         s = self._seconds_LK
-        li_next, ki_next = li + 1, ki + 1
+        li_next = li + 1
         e = self._extend_from_K
         low = np.where(past, e[ki] + (e[ki_next] - e[ki]) * kw,
                        s[li, ki] + (s[li, ki_next] - s[li, ki]) * kw)

@@ -256,10 +256,8 @@ class ShardTimedStep:
         """Compiles program 1 for this bucket and batch if it is not yet: seconds spent (0.0
         when compiled already), so the loop can time the step without it. Program 2, the
         update, small and compiled once, still compiles inside the first call."""
-        start, compiles = time.perf_counter(), self.local.compiles
         with mesh_context(self._mesh):
-            self.local.compiled(bucket, state.params, batch)
-        return time.perf_counter() - start if self.local.compiles > compiles else 0.0
+            return self.local.prepare(bucket, state.params, batch)
 
     def _run_local(self, bucket: int, params, batch):
         """Program 1 dispatched: (loss_S, count_S, grads_S, seconds), where `seconds()` reads
@@ -330,10 +328,8 @@ class FusedStep:
     def prepare(self, bucket: int, state, batch) -> float:
         """Compiles the step for this bucket and batch if it is not yet: seconds spent (0.0
         when compiled already), so the loop can time the step without it."""
-        start, compiles = time.perf_counter(), self._cache.compiles
         with mesh_context(self._mesh):
-            self._cache.compiled(bucket, state, batch)
-        return time.perf_counter() - start if self._cache.compiles > compiles else 0.0
+            return self._cache.prepare(bucket, state, batch)
 
     def __call__(self, bucket: int, state, batch):
         with mesh_context(self._mesh):
