@@ -13,7 +13,7 @@ set -uo pipefail
 OUT=${OUT:?}
 source experiments/h200/lib.sh
 tile_ranks_on 32 2 || exit 1
-gpu_tests 150 tests/test_moba_gate.py -m gpu -k tile_ranks
+gpu_tests 150 tests/test_kv_layout.py -m gpu -k tile_ranks
 HLO=1 TREES="/tmp/ab_count ." ab_pair 2
 bench_top3
 pack_out
